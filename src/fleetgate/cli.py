@@ -1,0 +1,88 @@
+"""Command line: ``fleetgate up | serve | engine | calibrate | simulate | bench | validate-config``.
+
+Each part owns its sub-command group in its own package (``simengine/cli.py``, ``sim/cli.py``,
+``bench/cli.py``); heavy imports happen inside the commands so that ``fleetgate --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fleetgate.bench.cli import app as bench_app
+from fleetgate.simengine.cli import app as engine_app
+from fleetgate.sim.cli import app as simulate_app
+
+app = typer.Typer(
+    name="fleetgate",
+    help="A platform layer that makes LLM inference reliable at scale for many tenants.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(engine_app, name="engine", help="Run an inference engine replica (simulated or real).")
+app.add_typer(simulate_app, name="simulate", help="Discrete-event / fluid fleet simulator on real traces.")
+app.add_typer(bench_app, name="bench", help="Load generation and trace replay against live endpoints.")
+
+
+def _load(config: Path | None):  # type: ignore[no-untyped-def]
+    from fleetgate.config import ConfigError, load_config
+
+    try:
+        return load_config(config, os.environ)
+    except ConfigError as exc:
+        typer.echo(f"invalid config: {config}\n{exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@app.command("validate-config")
+def validate_config(config: Annotated[Path, typer.Argument(help="YAML config file.")]) -> None:
+    """Check a config file and print every problem found."""
+    cfg = _load(config)
+    typer.echo(f"ok: {len(cfg.deployments)} deployment(s)")
+
+
+@app.command()
+def serve(config: Annotated[Path, typer.Option("--config", "-c", help="YAML config file.")]) -> None:
+    """Run the gateway in front of the replicas named in the config."""
+    from fleetgate.runtime import run_serve
+
+    run_serve(_load(config))
+
+
+@app.command()
+def up(
+    replicas: Annotated[int, typer.Option(help="Simulated engine replicas to start.")] = 2,
+    port: Annotated[int, typer.Option(help="Gateway port.")] = 8080,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Optional YAML config.")] = None,
+    model: Annotated[str, typer.Option(help="Model name the local replicas serve.")] = "fleetgate-sim",
+) -> None:
+    """Start the embedded default: local simulated engine replicas plus the gateway in front of them."""
+    from fleetgate.runtime import run_up
+
+    run_up(_load(config), replicas=replicas, port=port, model=model)
+
+
+@app.command()
+def calibrate(
+    engine: Annotated[str, typer.Option(help="Engine base URL, e.g. http://127.0.0.1:8001")],
+    model: Annotated[str, typer.Option(help="Model name to request.")],
+    out: Annotated[Path, typer.Option(help="Where to write the cost profile JSON.")],
+    plot: Annotated[Path | None, typer.Option(help="PNG of predicted vs measured.")] = None,
+    quick: Annotated[bool, typer.Option(help="A smaller sweep (for tests and demos).")] = False,
+) -> None:
+    """Fit a model-unit cost profile by a designed sweep against a live engine."""
+    from fleetgate.engines.calibration import run_calibration
+
+    run_calibration(engine=engine, model=model, out=out, plot=plot, quick=quick)
+
+
+def main() -> None:
+    """Console entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

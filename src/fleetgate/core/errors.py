@@ -1,0 +1,114 @@
+"""Error tree. Every error carries its HTTP status and OpenAI error ``type``/``code``.
+
+The gateway turns these into OpenAI-style JSON in exactly one place (gateway/errors.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class FleetgateError(Exception):
+    """Base error: ``status`` is the HTTP status the client sees."""
+
+    status: int = 500
+    error_type: str = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers: dict[str, str] = dict(headers or {})
+
+    def to_dict(self) -> dict[str, object]:
+        """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequestError(FleetgateError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class AuthenticationError(FleetgateError):
+    status = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class PermissionDeniedError(FleetgateError):
+    status = 403
+    error_type = "permission_error"
+
+
+class NotFoundError(FleetgateError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class PayloadTooLargeError(FleetgateError):
+    status = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RateLimitError(FleetgateError):
+    """Over a tenant's limit: ``retry_after_s`` becomes the ``Retry-After`` header."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: float, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message, headers=headers)
+        self.retry_after_s = retry_after_s
+
+
+class ServiceUnavailableError(FleetgateError):
+    """No capacity or no healthy replica right now; may carry a ``Retry-After``."""
+
+    status = 503
+    error_type = "server_error"
+    code = "service_unavailable"
+
+    def __init__(
+        self, message: str, *, retry_after_s: float | None = None, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message, headers=headers)
+        self.retry_after_s = retry_after_s
+
+
+class UpstreamError(FleetgateError):
+    """The engine failed. ``retryable`` is true when no byte reached the client and another replica may try."""
+
+    status = 502
+    error_type = "server_error"
+    code = "upstream_error"
+
+    def __init__(self, message: str, *, retryable: bool = True, upstream_status: int | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.upstream_status = upstream_status
+
+
+class UpstreamTimeoutError(UpstreamError):
+    status = 504
+    code = "upstream_timeout"

@@ -1,0 +1,117 @@
+"""Plain, frozen values passed between the core and its shells."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+
+class RandomSource(Protocol):
+    """The only randomness the core sees (``random.Random`` and numpy generators both fit)."""
+
+    def random(self) -> float: ...
+
+
+class HealthState(StrEnum):
+    """Health of one replica as judged by the prober (core.health)."""
+
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"
+    UNHEALTHY = "unhealthy"
+    RESTARTING = "restarting"
+    STARTING = "starting"
+
+
+class Priority(StrEnum):
+    """Admission and dispatch classes, most urgent first (see PRIORITY_ORDER)."""
+
+    PROBE = "probe"
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+    BEST_EFFORT = "best_effort"
+
+
+PRIORITY_ORDER: Mapping[Priority, int] = {
+    Priority.PROBE: 0,
+    Priority.INTERACTIVE: 1,
+    Priority.BATCH: 2,
+    Priority.BEST_EFFORT: 3,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What the core knows about one request before it is dispatched.
+
+    ``prefix_hashes`` are chained hashes of consecutive prompt blocks (``prefix_block_tokens`` tokens each):
+    two requests share a cached prefix exactly as far as their leading hashes agree. The live gateway derives
+    them from the prompt text; the simulator takes them from the trace (Mooncake ``hash_ids``).
+    """
+
+    request_id: str
+    model: str
+    tenant: str = "anonymous"
+    input_tokens: int = 0
+    max_output_tokens: int | None = None
+    estimated_output_tokens: int = 0
+    cost_mu: float = 0.0
+    stream: bool = False
+    priority: Priority = Priority.INTERACTIVE
+    session_key: str | None = None
+    prefix_hashes: tuple[int, ...] = ()
+    prefix_block_tokens: int = 16
+    image_tokens: int = 0
+    arrival_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSnapshot:
+    """One replica as the router sees it at decision time.
+
+    ``inflight_*`` are the gateway's own counters (updated at dispatch and settle, so they never lag);
+    the ``engine_*`` fields come from scraping the engine's /metrics and may be ``None`` when unknown.
+    """
+
+    name: str
+    url: str = ""
+    health: HealthState = HealthState.HEALTHY
+    draining: bool = False
+    inflight_requests: int = 0
+    inflight_mu: float = 0.0
+    capacity_mu_per_min: float = 100.0
+    engine_waiting: int | None = None
+    engine_running: int | None = None
+    engine_kv_usage: float | None = None
+    engine_prefix_hit_rate: float | None = None
+    consecutive_failures: int = 0
+    ejected_until_s: float = 0.0
+
+    @property
+    def routable(self) -> bool:
+        """Whether new requests may be sent here at all."""
+        return not self.draining and self.health in (HealthState.HEALTHY, HealthState.SUSPECT)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """The router's pick, with the per-scorer scores that explain it (for logs and debugging)."""
+
+    replica: str
+    scores: Mapping[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts reported by the engine after a request (OpenAI ``usage``)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    image_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
