@@ -35,3 +35,19 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# Real engines on the tiny model built from code (caches under ~/.cache/fleetgate; see docs/real-engines.md).
+.PHONY: tiny-model llama-server real-engines vllm-cpu test-vllm
+tiny-model:
+	bash scripts/build_tiny_model.sh
+
+llama-server:
+	bash scripts/build_llama_server.sh
+
+real-engines: tiny-model llama-server
+
+vllm-cpu:
+	bash scripts/build_vllm_cpu.sh
+
+test-vllm: $(STAMP) tiny-model vllm-cpu
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/integration/test_vllm_engine.py

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from fleetgate.bench.cli import app as bench_app
+from fleetgate.health.cli import app as health_app
 from fleetgate.simengine.cli import app as engine_app
 from fleetgate.sim.cli import app as simulate_app
 
@@ -25,6 +26,7 @@ app = typer.Typer(
 app.add_typer(engine_app, name="engine", help="Run an inference engine replica (simulated or real).")
 app.add_typer(simulate_app, name="simulate", help="Discrete-event / fluid fleet simulator on real traces.")
 app.add_typer(bench_app, name="bench", help="Load generation and trace replay against live endpoints.")
+app.add_typer(health_app, name="health", help="Health prober: sidecar /livez and one-shot probes.")
 
 
 def _load(config: Path | None):  # type: ignore[no-untyped-def]

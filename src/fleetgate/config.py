@@ -81,6 +81,122 @@ class GatewayConfig(_Strict):
     max_attempts: int = Field(default=3, ge=1, le=10, description="Tries per request before the first byte.")
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="Time to finish in-flight on SIGTERM.")
     client_header_timeout_s: float = Field(default=10.0, gt=0, description="Slow-client header timeout.")
+    stream_usage: bool = Field(
+        default=True,
+        description="Ask engines for usage on streams whose client did not (exact cost settlement); "
+        "the extra usage-only chunk is not forwarded to such clients.",
+    )
+    scrape_interval_s: float = Field(default=1.0, gt=0, description="Engine /metrics scrape period.")
+    scrape_timeout_s: float = Field(default=1.0, gt=0, description="Timeout of one /metrics scrape.")
+
+
+def _hash_api_key(value: str) -> str:
+    """Keys are kept only as ``sha256:<hex>``; plain keys (demos) are hashed at load."""
+    import hashlib
+
+    if value.startswith("sha256:"):
+        digest = value[len("sha256:") :].lower()
+        if len(digest) != 64 or any(ch not in "0123456789abcdef" for ch in digest):
+            raise ValueError("a sha256: key must be followed by 64 hex digits")
+        return "sha256:" + digest
+    if not value:
+        raise ValueError("API keys must not be empty")
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+
+
+class TenantConfig(_Strict):
+    """A tenant: its API keys, what it bought (MU/min per deployment) and its priority class."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="Tenant name (metrics, admin).")
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="API keys as `sha256:<hex>`; plain keys are accepted (demos) and hashed at load.",
+    )
+    priority: Literal["interactive", "batch", "best_effort"] = Field(
+        default="interactive", description="Class of its reserved traffic; best_effort = no reservation."
+    )
+    reserved_mu_per_min: dict[str, float] = Field(
+        default_factory=dict, description="Guaranteed MU per minute, per deployment (model name)."
+    )
+    best_effort_mu_per_min: float | None = Field(
+        default=0.0,
+        ge=0,
+        description="Best-effort allowance beyond the reservation (idle capacity only); null = no own cap.",
+    )
+    requests_per_minute: float | None = Field(default=None, gt=0, description="Optional requests/min limit.")
+    tokens_per_minute: float | None = Field(default=None, gt=0, description="Optional tokens/min limit.")
+    weight: float = Field(default=1.0, gt=0, description="Fair-share weight within its priority class.")
+    burst_s: float | None = Field(
+        default=None, ge=0, description="Burst in seconds of its rates (default: admission.burst_s)."
+    )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _hash_keys(cls, value: list[str]) -> list[str]:
+        return [_hash_api_key(v) for v in value]
+
+    @field_validator("reserved_mu_per_min")
+    @classmethod
+    def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        for model, mu in value.items():
+            if not mu >= 0:
+                raise ValueError(f"reservation for {model!r} must be >= 0")
+        return value
+
+
+class AdmissionStoreConfig(_Strict):
+    """Where admission state (buckets, usage) lives: this process, or Redis shared by gateway replicas."""
+
+    kind: Literal["memory", "redis"] = Field(default="memory", description="memory (default) or redis.")
+    url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL (kind: redis).")
+    namespace: str = Field(default="fleetgate", min_length=1, description="Prefix of every Redis key.")
+    fail_open: bool = Field(
+        default=False,
+        description="When Redis is unreachable: true admits (unlimited), false rejects with 503.",
+    )
+    timeout_s: float = Field(default=0.25, gt=0, description="Redis connect/command timeout.")
+    server_time: bool = Field(
+        default=True, description="Use Redis' clock in the scripts (one clock for all gateway replicas)."
+    )
+
+
+class AdmissionConfig(_Strict):
+    """Admission: queue bounds, deadlines, bursts, best-effort ceiling, admin keys and the state store."""
+
+    store: AdmissionStoreConfig = Field(default_factory=AdmissionStoreConfig)
+    admin_api_keys: list[str] = Field(
+        default_factory=list, description="Admin API keys (`sha256:<hex>` or plain, hashed at load)."
+    )
+    queue_max: int = Field(default=1000, ge=0, description="Requests that may wait for admission at once.")
+    deadline_s: float = Field(default=10.0, ge=0, description="Longest wait in the admission queue.")
+    burst_s: float = Field(
+        default=0.0, ge=0, description="Burst in seconds of a tenant's rate (0: one request at a time)."
+    )
+    best_effort_max_utilization: float = Field(
+        default=0.8, gt=0, le=1, description="Best-effort admitted while the fleet is below this use."
+    )
+    fleet_burst_s: float = Field(default=2.0, ge=0, description="Burst of the fleet meter (s).")
+
+    @field_validator("admin_api_keys")
+    @classmethod
+    def _hash_keys(cls, value: list[str]) -> list[str]:
+        return [_hash_api_key(v) for v in value]
+
+
+class LocalConfig(_Strict):
+    """`fleetgate up`: how the local engine replicas are started (the embedded default)."""
+
+    engine_args: list[str] = Field(
+        default_factory=list,
+        description="Extra arguments for each `fleetgate engine sim` replica, e.g. ['--time-scale', '0.5'].",
+    )
+    command: list[str] | None = Field(
+        default=None,
+        description="Command template of one replica instead of the simulated engine ({port}, {model}, "
+        "{name} are filled in; readiness is a 200 from GET /health).",
+    )
+    ready_timeout_s: float = Field(default=60.0, gt=0, description="Longest wait for a replica to be ready.")
+    stop_timeout_s: float = Field(default=5.0, gt=0, description="SIGTERM-to-SIGKILL delay when stopping.")
 
 
 class FleetgateConfig(_Strict):
@@ -88,6 +204,19 @@ class FleetgateConfig(_Strict):
 
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     deployments: list[DeploymentConfig] = Field(default_factory=list)
+    local: LocalConfig = Field(default_factory=LocalConfig, description="`fleetgate up` replicas.")
+    tenants: list[TenantConfig] = Field(default_factory=list, description="Tenants (none: no auth).")
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+
+    @model_validator(mode="after")
+    def _unique_tenants(self) -> FleetgateConfig:
+        names = [t.name for t in self.tenants]
+        if len(names) != len(set(names)):
+            raise ValueError("tenant names must be unique")
+        keys = [k for t in self.tenants for k in t.api_keys] + list(self.admission.admin_api_keys)
+        if len(keys) != len(set(keys)):
+            raise ValueError("an API key is used twice (tenants and admin keys must all differ)")
+        return self
 
     @model_validator(mode="after")
     def _unique_models(self) -> FleetgateConfig:

@@ -1,5 +1,14 @@
 """Routing: filters, then weighted scorers in [0, 1], then a picker; policies built by name from config."""
 
 from fleetgate.core.routing.base import RoutingPolicy
+from fleetgate.core.routing.outlier import BreakerState, OutlierConfig, OutlierDetector
+from fleetgate.core.routing.registry import POLICY_NAMES, build_policy
 
-__all__ = ["RoutingPolicy"]
+__all__ = [
+    "POLICY_NAMES",
+    "BreakerState",
+    "OutlierConfig",
+    "OutlierDetector",
+    "RoutingPolicy",
+    "build_policy",
+]

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Does MU predict capacity for any workload shape? Saturated req/min predicted by a profile vs measured.
+
+For three mixes whose shapes are NOT in the calibration design (prefill-heavy, decode-heavy, mixed), a closed
+loop climbs a concurrency ladder against the engine until completed requests per minute stop growing; the
+profile predicts ``capacity_mu_per_min / mean MU per request`` (MU from the engine-reported token counts of
+the very requests that ran). Target: within 10%.
+
+    # against a running engine, calibrating first (writes the profile next to the report):
+    .venv/bin/python bench/calibrate_check.py --engine http://127.0.0.1:8001 --model NAME
+    # with an existing profile:
+    .venv/bin/python bench/calibrate_check.py --engine URL --model NAME --profile profile.json
+    # start a simulated engine for the run (time-scaled):
+    .venv/bin/python bench/calibrate_check.py --spawn-sim --time-scale 10
+
+Exit status 1 if any mix misses the 10% target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from fleetgate.core.units import CostProfile, load_profile
+from fleetgate.engines.calibration import EngineProbe, Shape, calibrate_engine, plot_calibration
+
+#: (input tokens, output tokens) shapes of each mix; none of them is a calibration design point.
+MIXES: dict[str, list[tuple[int, int]]] = {
+    "prefill-heavy": [(1500, 8), (700, 12), (1800, 6), (1100, 10)],
+    "decode-heavy": [(48, 160), (100, 200), (24, 120), (70, 180)],
+    "mixed": [(400, 60), (900, 24), (64, 140), (1200, 100), (200, 40)],
+}
+TARGET = 0.10
+
+
+@contextmanager
+def spawn_sim(time_scale: float, extra: list[str]) -> Iterator[str]:
+    """Start ``fleetgate engine sim`` on a free port; yield its base URL; stop it afterwards."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "fleetgate.cli",
+        "engine",
+        "sim",
+        "--port",
+        "0",
+        "--time-scale",
+        str(time_scale),
+        *extra,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 30
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            m = re.search(r"engine ready on (http://127\.0\.0\.1:\d+)", line)
+            if m:
+                url = m.group(1)
+                break
+        if url is None:
+            raise RuntimeError(f"simulated engine did not start: {' '.join(cmd)}")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def measure_mix(
+    probe: EngineProbe,
+    shapes: list[tuple[int, int]],
+    words: dict[int, int],
+    ladder: list[int],
+    requests_per_worker: int,
+    profile: CostProfile,
+) -> dict[str, Any]:
+    cycle = [Shape(words[i], o) for i, o in shapes]
+
+    def pick(i: int) -> Shape:
+        return cycle[i % len(cycle)]
+
+    pick_fn: Callable[[int], Shape] = pick
+    sat = await probe.saturate(
+        pick_fn, ladder, requests_per_worker=requests_per_worker, min_requests=4 * len(cycle)
+    )
+    best = sat.best
+    costs = [profile.cost(p, c) for p, c in best.usages]
+    mean_cost = sum(costs) / len(costs)
+    predicted = profile.capacity_mu_per_min / mean_cost
+    measured = best.throughput_rps * 60.0
+    return {
+        "shapes": shapes,
+        "predicted_req_per_min": predicted,
+        "measured_req_per_min": measured,
+        "error": predicted / measured - 1.0,
+        "mean_mu_per_request": mean_cost,
+        "saturated_at_concurrency": best.concurrency,
+        "levels": [lv.as_dict() for lv in sat.levels],
+    }
+
+
+async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "engine": engine,
+        "model": args.model,
+        "machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''}".strip(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(sys.argv),
+    }
+    if args.profile:
+        profile = load_profile(args.profile)
+        report["profile_source"] = args.profile
+    else:
+        run = await calibrate_engine(
+            engine, args.model, quick=args.quick, seed=args.seed, progress=not args.quiet
+        )
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        prof_path = args.out.with_name(args.out.stem + "-profile.json")
+        prof_path.write_text(json.dumps(run.to_json(engine, args.model, args.quick), indent=2) + "\n")
+        plot_calibration(
+            run, args.out.with_name(args.out.stem + "-fit.png"), title=f"{args.model} @ {engine}"
+        )
+        profile = run.calibration.profile
+        report["profile_source"] = str(prof_path)
+        report["calibration"] = {
+            "r2_holdout": run.calibration.r2_holdout,
+            "mape_holdout": run.calibration.mape_holdout,
+            "shapes": len(run.measurements),
+        }
+    report["profile"] = {k: v for k, v in profile.to_dict().items() if k not in ("perf", "fit")}
+    ladder = [int(c) for c in args.ladder.split(",")]
+    results: dict[str, Any] = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        probe = EngineProbe(session, engine, args.model)
+        words: dict[int, int] = {}
+        for shapes in MIXES.values():
+            for i, _ in shapes:
+                if i not in words:
+                    words[i] = await probe.words_for(i)
+        for name, shapes in MIXES.items():
+            res = await measure_mix(probe, shapes, words, ladder, args.requests_per_worker, profile)
+            results[name] = res
+            if not args.quiet:
+                print(
+                    f"{name:<14} predicted {res['predicted_req_per_min']:8.1f} req/min  measured "
+                    f"{res['measured_req_per_min']:8.1f} req/min  error {res['error']:+.1%} "
+                    f"(saturated at c={res['saturated_at_concurrency']})",
+                    flush=True,
+                )
+    report["mixes"] = results
+    report["max_abs_error"] = max(abs(r["error"]) for r in results.values())
+    report["pass"] = report["max_abs_error"] <= TARGET
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", help="Engine base URL (OpenAI-compatible).")
+    ap.add_argument("--model", default="fleetgate-sim", help="Model name to request.")
+    ap.add_argument("--profile", help="Cost profile (bundled name or JSON); default: calibrate first.")
+    ap.add_argument("--quick", action="store_true", help="Quick calibration sweep (when calibrating).")
+    ap.add_argument("--spawn-sim", action="store_true", help="Start a simulated engine for the run.")
+    ap.add_argument("--time-scale", type=float, default=10.0, help="Simulated engine time scale.")
+    ap.add_argument("--sim-arg", action="append", default=[], help="Extra argument for `engine sim`.")
+    ap.add_argument("--ladder", default="1,2,4,8,16,32,64", help="Concurrency ladder.")
+    ap.add_argument("--requests-per-worker", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/calibrate_check.json"))
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    if not args.engine and not args.spawn_sim:
+        ap.error("give --engine URL or --spawn-sim")
+
+    if args.spawn_sim:
+        with spawn_sim(args.time_scale, args.sim_arg) as url:
+            report = asyncio.run(check(args, url))
+        report["sim_time_scale"] = args.time_scale
+        report["sim_args"] = args.sim_arg
+    else:
+        report = asyncio.run(check(args, args.engine))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(
+        f"max |error| {report['max_abs_error']:.1%} -> {'PASS' if report['pass'] else 'FAIL'};"
+        f" wrote {args.out}"
+    )
+    return 0 if report["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Admin API routes over an ``AdmissionService`` (mount on the gateway app or on a separate admin app).
+
+- ``GET /admin/tenants``: every tenant's purchase (admin key only).
+- ``GET /admin/usage``: an admin sees every tenant; a tenant key sees only its own tenant.
+- ``GET /admin/usage/{tenant}``: admin, or that very tenant; any other tenant gets 403 (whether or not the
+  name exists, so names cannot be probed).
+- ``GET /admin/capacity``: capacity, sold and unsold MU/min per deployment (admin key only).
+"""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+from aiohttp import web
+
+from fleetgate.admission.service import AdmissionService
+from fleetgate.admission.tenants import Tenant
+from fleetgate.core.errors import FleetgateError, NotFoundError, PermissionDeniedError
+
+SERVICE_KEY: web.AppKey[AdmissionService] = web.AppKey("fleetgate_admission", AdmissionService)
+
+
+def _json(data: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        body=orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _error(exc: FleetgateError) -> web.Response:
+    headers = dict(exc.headers)
+    retry = getattr(exc, "retry_after_s", None)
+    if retry is not None:
+        headers.setdefault("Retry-After", str(max(1, math.ceil(retry))))
+    return _json(exc.to_dict(), exc.status, headers)
+
+
+def _caller(request: web.Request) -> tuple[AdmissionService, Tenant]:
+    service = request.app[SERVICE_KEY]
+    return service, service.authenticate(request.headers.get("Authorization"))
+
+
+def _admin_only(tenant: Tenant) -> None:
+    if not tenant.admin:
+        raise PermissionDeniedError("This endpoint needs the admin API key.", code="admin_only")
+
+
+async def tenants(request: web.Request) -> web.Response:
+    try:
+        service, caller = _caller(request)
+        _admin_only(caller)
+        return _json({"tenants": [t.public() for t in service.directory.tenants().values()]})
+    except FleetgateError as exc:
+        return _error(exc)
+
+
+async def usage(request: web.Request) -> web.Response:
+    try:
+        service, caller = _caller(request)
+        if caller.admin:
+            return _json(await service.overview())
+        if service.directory.get(caller.name) is None:  # anonymous (no tenants configured)
+            raise PermissionDeniedError("No tenants are configured.", code="no_tenants")
+        return _json(await service.usage(caller.name))
+    except FleetgateError as exc:
+        return _error(exc)
+
+
+async def tenant_usage(request: web.Request) -> web.Response:
+    try:
+        service, caller = _caller(request)
+        name = request.match_info["tenant"]
+        if not caller.admin and caller.name != name:
+            raise PermissionDeniedError("A tenant may only read its own usage.", code="forbidden")
+        if service.directory.get(name) is None:
+            raise NotFoundError(f"No tenant named {name!r}.", code="tenant_not_found")
+        return _json(await service.usage(name))
+    except FleetgateError as exc:
+        return _error(exc)
+
+
+async def capacity(request: web.Request) -> web.Response:
+    try:
+        service, caller = _caller(request)
+        _admin_only(caller)
+        return _json({"deployments": service.capacity_overview(), "queue_depth": len(service.core.queue)})
+    except FleetgateError as exc:
+        return _error(exc)
+
+
+def add_admin_routes(app: web.Application, service: AdmissionService, *, with_capacity: bool = True) -> None:
+    """Mount the admin routes on ``app`` (set ``with_capacity=False`` if the app serves its own)."""
+    app[SERVICE_KEY] = service
+    app.router.add_get("/admin/tenants", tenants)
+    app.router.add_get("/admin/usage", usage)
+    app.router.add_get("/admin/usage/{tenant}", tenant_usage)
+    if with_capacity:
+        app.router.add_get("/admin/capacity", capacity)
+
+
+def build_admin_app(service: AdmissionService) -> web.Application:
+    """A stand-alone admin app (for a separate admin port)."""
+    app = web.Application()
+    add_admin_routes(app, service)
+    return app

@@ -1,0 +1,498 @@
+"""The async admission shell the gateway calls: authenticate -> admit -> (run) -> settle or release.
+
+All decisions come from ``fleetgate.core.admission``; this module only does I/O (the store), waiting (the
+bounded priority queue) and bookkeeping (metrics, usage). Wiring into a gateway takes a few lines::
+
+    admission = AdmissionService.from_config(cfg, registry=metrics.registry, clock=clock)
+    await admission.start()          # optional: checks the store, starts the queue waker
+    tenant = admission.authenticate(request.headers.get("Authorization"))   # 401 on a bad key
+    ticket = await admission.admit(tenant, info, clock())                    # 429 / 503 errors
+    response.headers.update(ticket.headers)                                  # x-ratelimit-*
+    await admission.settle(ticket, actual_mu, clock())   # or admission.release(ticket) if it never ran
+    await admission.aclose()
+
+``now`` arguments must come from the service's clock (``clock=``; default ``time.monotonic``, or wall time
+when several gateways share Redis without its server clock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from fleetgate.admission.metrics import AdmissionMetrics
+from fleetgate.admission.tenants import ANONYMOUS_TENANT, Tenant, TenantDirectory
+from fleetgate.config import FleetgateConfig
+from fleetgate.core.admission import (
+    AdmissionCore,
+    AdmissionSettings,
+    CapacityView,
+    ChargeKind,
+    Decision,
+    PumpPass,
+    QueueEntry,
+    Reason,
+    TakeOutcome,
+    TenantLimits,
+    Tier,
+    estimated_tokens,
+    settle_deltas,
+)
+from fleetgate.core.errors import FleetgateError, RateLimitError, ServiceUnavailableError
+from fleetgate.core.types import RequestInfo, Usage
+from fleetgate.stores import AdmissionStore, StoreUnavailableError, build_store
+
+log = logging.getLogger("fleetgate.admission")
+
+_METER_NAMES = {
+    ChargeKind.REQUESTS: "requests per min (RPM)",
+    ChargeKind.TOKENS: "tokens per min (TPM)",
+    ChargeKind.MU: "model units per min",
+    ChargeKind.FLEET: "deployment capacity for best-effort traffic",
+}
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """An admitted request. Pass it to exactly one of ``settle`` or ``release``."""
+
+    tenant: Tenant
+    request: RequestInfo
+    decision: Decision
+    estimate_tokens: int
+    headers: dict[str, str] = field(default_factory=dict)
+    done: bool = False
+
+    @property
+    def ticket_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def tier(self) -> Tier | None:
+        return self.decision.tier
+
+    @property
+    def estimate_mu(self) -> float:
+        return self.request.cost_mu
+
+    @property
+    def waited_s(self) -> float:
+        return self.decision.waited_s
+
+
+class AdmissionService:
+    """Tenants, limits, a bounded priority queue and a (possibly shared) state store."""
+
+    def __init__(
+        self,
+        directory: TenantDirectory,
+        store: AdmissionStore,
+        settings: AdmissionSettings | None = None,
+        *,
+        capacity_of: Callable[[str], CapacityView | None] | None = None,
+        capacities: Mapping[str, float] | None = None,
+        fail_open: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: AdmissionMetrics | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.directory = directory
+        self.store = store
+        self.settings = settings or AdmissionSettings()
+        self.core = AdmissionCore(self.settings)
+        self.fail_open = fail_open
+        self.clock = clock
+        self.metrics = metrics or AdmissionMetrics(registry)
+        self.metrics.watch(lambda: len(self.core.queue), lambda: bool(getattr(self.store, "available", True)))
+        self._capacity_of = capacity_of
+        self._capacities: dict[str, float] = dict(capacities or {})
+        self._lock = asyncio.Lock()
+        self._waiters: dict[int, asyncio.Future[Decision]] = {}
+        self._wake = asyncio.Event()
+        self._waker: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._next_retry_s: float | None = None
+        self._rejected: dict[str, int] = {}
+        self._closed = False
+        self._clock_warned = False
+
+    # ------------------------------------------------------------------------------------ construction
+    @classmethod
+    def from_config(
+        cls,
+        cfg: FleetgateConfig,
+        *,
+        store: AdmissionStore | None = None,
+        capacity_of: Callable[[str], CapacityView | None] | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> AdmissionService:
+        """Everything from the config tree; ``capacity_of`` (e.g. from the capacity ledger) overrides the
+        static capacity (replicas x ``capacity_mu_per_min``) of each deployment."""
+        adm = cfg.admission
+        settings = AdmissionSettings(
+            burst_s=adm.burst_s,
+            best_effort_max_utilization=adm.best_effort_max_utilization,
+            fleet_burst_s=adm.fleet_burst_s,
+            queue_max=adm.queue_max,
+            default_deadline_s=adm.deadline_s,
+            namespace=adm.store.namespace,
+        )
+        if clock is None:
+            shared_wall_clock = adm.store.kind == "redis" and not adm.store.server_time
+            clock = time.time if shared_wall_clock else time.monotonic
+        capacities = {d.model: d.capacity_mu_per_min * len(d.replicas) for d in cfg.deployments if d.replicas}
+        return cls(
+            TenantDirectory.from_config(cfg.tenants, adm.admin_api_keys),
+            store or build_store(adm.store),
+            settings,
+            capacity_of=capacity_of,
+            capacities=capacities,
+            fail_open=adm.store.fail_open,
+            clock=clock,
+            registry=registry,
+        )
+
+    async def start(self) -> None:
+        """Check the store once (logs when unreachable; admission still follows fail_open)."""
+        if not await self.store.ping():
+            log.warning(
+                "admission store %s not reachable at start (fail_open=%s)", self.store.kind, self.fail_open
+            )
+
+    async def aclose(self) -> None:
+        """Stop the waker, finish pending releases, reject queued requests, close the store."""
+        self._closed = True
+        if self._waker is not None:
+            self._waker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._waker
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        now = self.clock()
+        for entry in self.core.queue.ordered():
+            entry.retry_after_s = max(entry.retry_after_s, 1.0)
+            self.core.finish_rejected(entry, Reason.STORE_UNAVAILABLE, now)
+            self._resolve(entry)
+        await self.store.close()
+
+    # ------------------------------------------------------------------------------------ tenants
+    @property
+    def enabled(self) -> bool:
+        """Whether tenants (or admin keys) are configured, i.e. whether requests need a key."""
+        return not self.directory.open
+
+    def authenticate(self, authorization_header: str | None) -> Tenant:
+        """``Authorization: Bearer <key>`` -> tenant; raises AuthenticationError (401)."""
+        return self.directory.authenticate(authorization_header)
+
+    def set_capacity(self, model: str, capacity_mu_per_min: float) -> None:
+        """Update a deployment's capacity (e.g. after scaling) when no ``capacity_of`` was given."""
+        self._capacities[model] = capacity_mu_per_min
+
+    def capacity(self, model: str) -> CapacityView | None:
+        if self._capacity_of is not None:
+            return self._capacity_of(model)
+        cap = self._capacities.get(model)
+        if cap is None:
+            return None
+        return CapacityView(cap, self.directory.sold_mu_per_min(model))
+
+    def _usage_key(self, limits: TenantLimits) -> str | None:
+        if limits.unlimited:
+            return None
+        return f"{self.settings.namespace}:usage:{limits.name}"
+
+    def _now(self, now: float | None) -> float:
+        clock_now = self.clock()
+        if now is None:
+            return clock_now
+        if abs(now - clock_now) > 5.0:
+            if not self._clock_warned:
+                self._clock_warned = True
+                log.warning("admission: 'now' is not from the service clock; using the service clock")
+            return clock_now
+        return now
+
+    # ------------------------------------------------------------------------------------ admission
+    async def admit(
+        self,
+        tenant: Tenant | Any,
+        request: RequestInfo,
+        now: float | None = None,
+        *,
+        deadline_s: float | None = None,
+    ) -> Ticket:
+        """Admit now, or wait in the priority queue up to the deadline; raises 429/503 errors."""
+        now = self._now(now)
+        if not isinstance(tenant, Tenant):
+            tenant = ANONYMOUS_TENANT
+        entry = self.core.new_entry(tenant.limits, request, now, deadline_s)
+        decision = self.core.immediate(entry, now)
+        if decision is None:
+            decision = await self._admit_queued(tenant, entry, now)
+        self._record(tenant, entry, decision)
+        if decision.allowed:
+            headers = dict(decision.headers)
+            if decision.tier is not None:
+                headers["x-fleetgate-tier"] = str(decision.tier)
+            return Ticket(tenant, request, decision, estimated_tokens(request), headers)
+        raise self._error(tenant, entry, decision)
+
+    async def _admit_queued(self, tenant: Tenant, entry: QueueEntry, now: float) -> Decision:
+        fut: asyncio.Future[Decision] | None = None
+        async with self._lock:
+            accepted, evicted = self.core.enqueue(entry, now)
+            if evicted is not None:
+                self._resolve(evicted)
+            if not accepted:
+                await self._pump(now, only=entry)
+                if entry.decision is None:
+                    self.core.finish_rejected(entry, Reason.QUEUE_FULL, now)
+            else:
+                await self._pump(now)
+                if entry.decision is None:
+                    self.core.give_up_if_hopeless(entry, now)
+            if entry.decision is None:
+                fut = asyncio.get_running_loop().create_future()
+                self._waiters[entry.seq] = fut
+        if fut is not None:
+            self._ensure_waker()
+            try:
+                await fut
+            except asyncio.CancelledError:
+                self._waiters.pop(entry.seq, None)
+                if entry.decision is None:
+                    self.core.queue.remove(entry)
+                elif entry.decision.allowed:
+                    self.release(
+                        Ticket(tenant, entry.request, entry.decision, estimated_tokens(entry.request))
+                    )
+                raise
+        assert entry.decision is not None
+        return entry.decision
+
+    async def _pump(self, now: float, only: QueueEntry | None = None) -> PumpPass:
+        """One pass over the queue (caller holds the lock); resolves the waiters it decided."""
+        p = self.core.pump(now, self.capacity, only)
+        while (a := p.next_attempt()) is not None:
+            entry = a.entry
+            try:
+                key = self._usage_key(entry.tenant)
+                outcome = await self.store.take(a.charges, now, key, entry.request.cost_mu)
+            except StoreUnavailableError:
+                self.metrics.store_errors.labels(self.store.kind).inc()
+                if self.fail_open:
+                    self.metrics.fail_open.inc()
+                    # Admitted unmetered: nothing was charged, so settle must not refund anything either.
+                    p.report(replace(a, charges=()), TakeOutcome(True, 0.0, (), {}, now))
+                else:
+                    entry.retry_after_s = max(entry.retry_after_s, 1.0)
+                    self.core.finish_rejected(entry, Reason.STORE_UNAVAILABLE, now)
+                    p.finished.append(entry)
+                continue
+            p.report(a, outcome)
+        if only is None:
+            self._next_retry_s = p.min_retry_s
+        for entry in p.finished:
+            self._resolve(entry)
+        return p
+
+    def _resolve(self, entry: QueueEntry) -> None:
+        fut = self._waiters.pop(entry.seq, None)
+        if fut is not None and not fut.done() and entry.decision is not None:
+            fut.set_result(entry.decision)
+
+    def _ensure_waker(self) -> None:
+        if self._waker is None or self._waker.done():
+            self._waker = asyncio.get_running_loop().create_task(self._run_waker(), name="admission-waker")
+        self._wake.set()
+
+    async def _run_waker(self) -> None:
+        """Re-run the queue when a bucket should have refilled, a deadline passes, or something settles."""
+        while not self._closed:
+            try:
+                if len(self.core.queue) == 0:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                now = self.clock()
+                delay = self._next_retry_s if self._next_retry_s is not None else 0.05
+                deadline = self.core.queue.next_deadline()
+                if deadline is not None:
+                    delay = min(delay, deadline - now)
+                delay = min(max(delay, 0.001), 0.5)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                async with self._lock:
+                    await self._pump(self.clock())
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the queue stall silently
+                log.exception("admission waker failed; retrying")
+                await asyncio.sleep(0.1)
+
+    def _record(self, tenant: Tenant, entry: QueueEntry, decision: Decision) -> None:
+        tier = str(decision.tier) if decision.tier is not None else "none"
+        result = "admitted" if decision.allowed else str(decision.reason)
+        self.metrics.decisions.labels(tenant.name, tier, result).inc()
+        if decision.allowed:
+            self.metrics.admitted_mu.labels(tenant.name, tier).inc(max(0.0, entry.request.cost_mu))
+            self.metrics.wait.labels(str(entry.priority)).observe(decision.waited_s)
+        else:
+            self._rejected[tenant.name] = self._rejected.get(tenant.name, 0) + 1
+
+    def _error(self, tenant: Tenant, entry: QueueEntry, decision: Decision) -> FleetgateError:
+        retry = decision.retry_after_s
+        headers = dict(decision.headers)
+        headers["Retry-After"] = str(max(1, math.ceil(retry)))
+        headers["retry-after-ms"] = str(max(1, math.ceil(retry * 1000)))
+        headers["x-fleetgate-admission"] = str(decision.reason)
+        model = entry.request.model
+        wait = f"Please try again in {retry:.3g}s."
+        if decision.reason == Reason.STORE_UNAVAILABLE:
+            return ServiceUnavailableError(
+                f"Admission state is unavailable. {wait}", retry_after_s=retry, headers=headers
+            )
+        if decision.reason == Reason.SATURATED or decision.status == 503:
+            what = "queue is full" if decision.reason == Reason.QUEUE_FULL else "has no idle capacity"
+            if decision.reason == Reason.DEADLINE:
+                what = "had no idle capacity before the request's deadline"
+            return ServiceUnavailableError(
+                f"Deployment {model} {what} for best-effort traffic of tenant {tenant.name}. {wait}",
+                retry_after_s=retry,
+                headers=headers,
+            )
+        if not entry.tiers:
+            return RateLimitError(
+                f"Tenant {tenant.name} has no reservation or best-effort allowance on model {model}.",
+                retry_after_s=retry,
+                headers=headers,
+            )
+        meters = ", ".join(_METER_NAMES[k] for k in dict.fromkeys(entry.last_blocked)) or "its limits"
+        if decision.reason == Reason.QUEUE_FULL:
+            msg = f"Too many requests waiting for admission; tenant {tenant.name} on {model}. {wait}"
+        else:
+            msg = f"Rate limit reached for tenant {tenant.name} on {model}: {meters}. {wait}"
+        return RateLimitError(msg, retry_after_s=retry, headers=headers)
+
+    # ------------------------------------------------------------------------------------ settle
+    async def settle(
+        self,
+        ticket: Ticket,
+        actual_mu: float,
+        now: float | None = None,
+        *,
+        usage: Usage | None = None,
+        actual_tokens: int | None = None,
+    ) -> None:
+        """Charge the real cost: refund (or charge) ``actual - estimate`` on every meter admission charged."""
+        if ticket.done:
+            return
+        ticket.done = True
+        await self._settle(ticket, max(0.0, actual_mu), self._now(now), usage, actual_tokens, released=False)
+
+    def release(self, ticket: Ticket) -> None:
+        """The request never ran: refund its whole estimate (done in the background)."""
+        if ticket.done:
+            return
+        ticket.done = True
+        task = asyncio.get_running_loop().create_task(
+            self._settle(ticket, 0.0, self.clock(), None, 0, released=True)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _settle(
+        self,
+        ticket: Ticket,
+        actual_mu: float,
+        now: float,
+        usage: Usage | None,
+        actual_tokens: int | None,
+        *,
+        released: bool,
+    ) -> None:
+        if usage is not None and actual_tokens is None:
+            actual_tokens = usage.total_tokens
+        deltas = settle_deltas(
+            ticket.decision, actual_mu, ticket.estimate_mu, actual_tokens, ticket.estimate_tokens
+        )
+        fields: dict[str, float] = (
+            {"released": 1.0} if released else {"settled": 1.0, "settled_mu": actual_mu}
+        )
+        if usage is not None:
+            fields["prompt_tokens"] = float(usage.prompt_tokens)
+            fields["completion_tokens"] = float(usage.completion_tokens)
+        key = self._usage_key(ticket.tenant.limits)
+        if deltas or key is not None:
+            try:
+                await self.store.adjust(deltas, now, key, fields)
+            except StoreUnavailableError:
+                self.metrics.store_errors.labels(self.store.kind).inc()
+        if ticket.decision.tier not in (Tier.PROBE, Tier.UNLIMITED, None):
+            self.core.settled(ticket.decision, ticket.tenant.limits, ticket.request, actual_mu)
+        if not released:
+            self.metrics.settled_mu.labels(ticket.tenant.name).inc(actual_mu)
+        if deltas and len(self.core.queue):
+            self._wake.set()
+
+    # ------------------------------------------------------------------------------------ admin views
+    async def usage(self, tenant_name: str) -> dict[str, Any]:
+        """One tenant's limits and usage (what that tenant, or an admin, may read)."""
+        tenant = self.directory.get(tenant_name)
+        if tenant is None:
+            raise KeyError(tenant_name)
+        key = self._usage_key(tenant.limits)
+        totals: dict[str, float] = {}
+        store_ok = True
+        if key is not None:
+            try:
+                totals = await self.store.usage(key)
+            except StoreUnavailableError:
+                store_ok = False
+        return {
+            "tenant": tenant.public(),
+            "usage": totals,
+            "rejected_by_this_gateway": self._rejected.get(tenant.name, 0),
+            "store_available": store_ok,
+        }
+
+    def capacity_overview(self) -> list[dict[str, Any]]:
+        """Capacity, sold and unsold MU/min per deployment known to admission."""
+        models = set(self._capacities)
+        for t in self.directory.tenants().values():
+            models.update(t.limits.reserved_mu_per_min)
+        out = []
+        for model in sorted(models):
+            view = self.capacity(model)
+            sold = self.directory.sold_mu_per_min(model)
+            out.append(
+                {
+                    "deployment": model,
+                    "capacity_mu_per_min": None if view is None else view.capacity_mu_per_min,
+                    "sold_mu_per_min": sold,
+                    "unsold_mu_per_min": None if view is None else max(0.0, view.capacity_mu_per_min - sold),
+                    "best_effort_max_utilization": self.settings.best_effort_max_utilization,
+                }
+            )
+        return out
+
+    async def overview(self) -> dict[str, Any]:
+        """Everything an admin sees: every tenant's usage, capacity, queue and store state."""
+        tenants = [await self.usage(name) for name in sorted(self.directory.tenants())]
+        return {
+            "tenants": tenants,
+            "deployments": self.capacity_overview(),
+            "queue_depth": len(self.core.queue),
+            "store": {"kind": self.store.kind, "available": bool(getattr(self.store, "available", True))},
+        }

@@ -1,0 +1,855 @@
+"""Admission in model units (MU): buckets, tiers, priority queue and fairness. Pure: time is passed in.
+
+Buckets
+    A bucket is a GCRA meter kept as a *level*: the MU charged and not yet drained. It drains at ``rate``
+    MU/s. A charge of ``cost`` is allowed when ``level <= max(burst - cost, 0)``, so a request larger than the
+    burst still passes when the bucket is empty. Hence in any window of ``W`` seconds a bucket admits at most
+    ``rate * W + max(burst, largest cost)``; with the default burst of 0 a limit of L MU/min is exceeded in
+    any 60 s window by at most one request's cost. The tokens a client can still use,
+    ``clamp(burst - level, 0, burst)``, never go negative nor above the burst; a level above the burst is
+    debt (a settle that cost more than estimated), repaid by draining before the next admission.
+
+Reserve, then settle
+    Admission charges the *estimate*; settle adds ``actual - estimate`` (a refund when negative; a refund
+    never lowers a level below 0, i.e. never fills a bucket above its burst).
+
+Tiers
+    ``reserved``: the tenant's reservation on the deployment (guaranteed; it also charges the deployment's
+    fleet meter without being checked by it). ``best_effort``: the tenant's best-effort allowance *and* the
+    fleet meter, whose rate is the capacity the ledger reports times a target utilisation; reserved traffic
+    fills that meter first, so best-effort only gets unsold or idle capacity and is shed first (503).
+
+Queue
+    Requests that cannot pass now may wait in one bounded queue, served in ``PRIORITY_ORDER`` (probes never
+    wait), then by virtual token counters between tenants of one class (core.fairness), then FIFO. Each
+    entry has a deadline. An entry blocked on a bucket blocks later entries needing the same bucket within
+    one pass, so order is kept per bucket.
+
+The Redis store (stores/redis.py) implements ``take_all``/``adjust_all`` with the same arithmetic in Lua.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from fleetgate.core.fairness import VirtualTokenCounters
+from fleetgate.core.types import PRIORITY_ORDER, Priority, RequestInfo
+
+EPS = 1e-9
+"""Slack in comparisons so that float drain arithmetic never denies an exactly-full bucket."""
+
+MIN_RETRY_AFTER_S = 0.001
+"""Every denial carries at least this much ``retry_after`` (retry_after > 0 exactly when denied)."""
+
+MAX_RETRY_AFTER_S = 60.0
+"""Retry-After given to clients is capped here (e.g. best-effort with no capacity at all)."""
+
+
+# ---------------------------------------------------------------------------------------------- buckets
+@dataclass(frozen=True, slots=True)
+class BucketParams:
+    """A meter that drains ``rate_per_s`` MU (or tokens, or requests) per second and tolerates ``burst``."""
+
+    rate_per_s: float
+    burst: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.rate_per_s > 0 and math.isfinite(self.rate_per_s)):
+            raise ValueError(f"rate_per_s must be positive and finite, got {self.rate_per_s!r}")
+        if not (self.burst >= 0 and math.isfinite(self.burst)):
+            raise ValueError(f"burst must be >= 0 and finite, got {self.burst!r}")
+
+    @classmethod
+    def per_minute(cls, per_min: float, burst_s: float = 0.0) -> BucketParams:
+        """``per_min`` per minute, with a burst of ``burst_s`` seconds of that rate."""
+        rate = per_min / 60.0
+        return cls(rate_per_s=rate, burst=rate * max(0.0, burst_s))
+
+    @property
+    def per_min(self) -> float:
+        return self.rate_per_s * 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class BucketState:
+    """``level``: charged and not yet drained (>= 0) as of ``updated_s``."""
+
+    level: float = 0.0
+    updated_s: float = 0.0
+
+    def tokens(self, params: BucketParams) -> float:
+        """What may still be taken at once: in ``[0, burst]``."""
+        return min(params.burst, max(0.0, params.burst - self.level))
+
+    def debt(self, params: BucketParams) -> float:
+        """Charged beyond the burst (a settle above the estimate); repaid before the next admission."""
+        return max(0.0, self.level - params.burst)
+
+
+def drain(state: BucketState, params: BucketParams, now: float) -> BucketState:
+    """The state at ``now`` (time never runs backwards: an older ``now`` changes nothing)."""
+    elapsed = now - state.updated_s
+    if elapsed <= 0:
+        return state
+    return BucketState(level=max(0.0, state.level - params.rate_per_s * elapsed), updated_s=now)
+
+
+def threshold(params: BucketParams, cost: float) -> float:
+    """Highest level at which a charge of ``cost`` is still allowed."""
+    return max(params.burst - cost, 0.0)
+
+
+def wait_s(state: BucketState, params: BucketParams, cost: float, now: float) -> float:
+    """Seconds until ``cost`` may be charged (0 when it may now)."""
+    level = drain(state, params, now).level
+    excess = level - threshold(params, cost)
+    return 0.0 if excess <= EPS else excess / params.rate_per_s
+
+
+def charge(state: BucketState, params: BucketParams, cost: float, now: float) -> BucketState:
+    """Charge unconditionally (callers check ``wait_s`` first, or charge non-enforced meters)."""
+    s = drain(state, params, now)
+    return BucketState(level=max(0.0, s.level + cost), updated_s=max(now, s.updated_s))
+
+
+def adjust(state: BucketState, params: BucketParams, delta: float, now: float) -> BucketState:
+    """Settle: add ``delta`` (negative = refund); the level never goes below 0 (tokens never above burst)."""
+    return charge(state, params, delta, now)
+
+
+def reset_s(state: BucketState, params: BucketParams, now: float) -> float:
+    """Seconds until the bucket has fully drained (OpenAI's ``x-ratelimit-reset-*``)."""
+    return drain(state, params, now).level / params.rate_per_s
+
+
+def remaining_per_min(state: BucketState, params: BucketParams, now: float) -> float:
+    """How much of the per-minute limit is still free (OpenAI's ``x-ratelimit-remaining-*``)."""
+    return max(0.0, params.per_min - drain(state, params, now).level)
+
+
+# ---------------------------------------------------------------------------------------- multi-bucket
+class ChargeKind(StrEnum):
+    """What a meter counts (decides headers and which error a denial becomes)."""
+
+    MU = "mu"  # the tenant's MU bucket of the tier (reservation or best-effort allowance)
+    TOKENS = "tokens"  # optional tokens-per-minute limit
+    REQUESTS = "requests"  # optional requests-per-minute limit
+    FLEET = "fleet"  # the deployment's capacity meter (shared by all tenants)
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """One meter touched by one request: ``enforce=False`` charges without checking (reserved on fleet)."""
+
+    key: str
+    params: BucketParams
+    amount: float
+    kind: ChargeKind = ChargeKind.MU
+    enforce: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TakeOutcome:
+    """Result of an all-or-nothing charge of several meters at ``now``."""
+
+    allowed: bool
+    retry_after_s: float
+    blocked: tuple[str, ...]
+    states: Mapping[str, BucketState]
+    now: float
+
+    def __post_init__(self) -> None:
+        if self.allowed != (self.retry_after_s <= 0):
+            raise ValueError("retry_after_s must be > 0 exactly when denied")
+
+
+def take_all(states: Mapping[str, BucketState], charges: Sequence[Charge], now: float) -> TakeOutcome:
+    """Charge every meter or none: denied when any enforced meter would have to wait.
+
+    ``states`` maps keys to their stored state (missing = empty). The outcome's ``states`` are the new
+    states of every key in ``charges`` (charged when allowed, merely drained when denied).
+    """
+    current = {c.key: drain(states.get(c.key, BucketState(0.0, now)), c.params, now) for c in charges}
+    waits = {c.key: wait_s(current[c.key], c.params, c.amount, now) for c in charges if c.enforce}
+    blocked = tuple(k for k, w in waits.items() if w > 0)
+    if blocked:
+        retry = max(MIN_RETRY_AFTER_S, max(waits[k] for k in blocked))
+        return TakeOutcome(False, retry, blocked, current, now)
+    new = dict(current)
+    for c in charges:
+        new[c.key] = charge(new[c.key], c.params, c.amount, now)
+    return TakeOutcome(True, 0.0, (), new, now)
+
+
+def adjust_all(
+    states: Mapping[str, BucketState], deltas: Sequence[Charge], now: float
+) -> dict[str, BucketState]:
+    """Settle several meters: each gets ``amount`` added (refund when negative), clamped at level 0."""
+    out: dict[str, BucketState] = {}
+    for c in deltas:
+        out[c.key] = adjust(states.get(c.key, BucketState(0.0, now)), c.params, c.amount, now)
+    return out
+
+
+class MemoryBuckets:
+    """Bucket states in a dict: the in-memory store and the simulator both use this."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, BucketState] = {}
+
+    def take(self, charges: Sequence[Charge], now: float) -> TakeOutcome:
+        out = take_all(self.states, charges, now)
+        if out.allowed:
+            self.states.update(out.states)
+        return out
+
+    def adjust(self, deltas: Sequence[Charge], now: float) -> None:
+        self.states.update(adjust_all(self.states, deltas, now))
+
+    def peek(self, charges: Sequence[Charge], now: float) -> dict[str, BucketState]:
+        return {c.key: drain(self.states.get(c.key, BucketState(0.0, now)), c.params, now) for c in charges}
+
+
+# ------------------------------------------------------------------------------------------------ headers
+def format_duration(seconds: float) -> str:
+    """OpenAI's reset format: ``20ms``, ``1.5s``, ``6m0s``."""
+    seconds = max(0.0, seconds)
+    if seconds < 1.0:
+        return f"{math.ceil(seconds * 1000)}ms"
+    if seconds < 60.0:
+        return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
+    minutes = int(seconds // 60)
+    return f"{minutes}m{int(seconds - 60 * minutes)}s"
+
+
+def rate_limit_headers(
+    charges: Sequence[Charge], states: Mapping[str, BucketState], now: float
+) -> dict[str, str]:
+    """OpenAI ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` (+ ``-mu``) for these meters.
+
+    ``tokens`` reports the tenant's tokens-per-minute limit when it has one, else its MU bucket (then the
+    unit is MU). Limits are per minute; ``remaining`` is the per-minute limit minus what is still undrained;
+    ``reset`` is the time until the meter has fully drained.
+    """
+    by_kind: dict[ChargeKind, Charge] = {}
+    for c in charges:
+        by_kind.setdefault(c.kind, c)
+    headers: dict[str, str] = {}
+
+    def put(suffix: str, c: Charge, integer: bool) -> None:
+        st = states.get(c.key, BucketState(0.0, now))
+        limit, remaining = c.params.per_min, remaining_per_min(st, c.params, now)
+        fmt: Callable[[float], str] = (
+            (lambda v: str(math.floor(v + EPS)))
+            if integer
+            else (lambda v: f"{v:.3f}".rstrip("0").rstrip("."))
+        )
+        headers[f"x-ratelimit-limit-{suffix}"] = fmt(limit)
+        headers[f"x-ratelimit-remaining-{suffix}"] = fmt(remaining)
+        headers[f"x-ratelimit-reset-{suffix}"] = format_duration(reset_s(st, c.params, now))
+
+    if ChargeKind.REQUESTS in by_kind:
+        put("requests", by_kind[ChargeKind.REQUESTS], True)
+    if ChargeKind.TOKENS in by_kind:
+        put("tokens", by_kind[ChargeKind.TOKENS], True)
+    if ChargeKind.MU in by_kind:
+        if ChargeKind.TOKENS not in by_kind:
+            put("tokens", by_kind[ChargeKind.MU], False)
+        put("mu", by_kind[ChargeKind.MU], False)
+    return headers
+
+
+# ------------------------------------------------------------------------------------ tenants and tiers
+class Tier(StrEnum):
+    """Which meters a request is charged to."""
+
+    PROBE = "probe"  # health probes: never limited
+    UNLIMITED = "unlimited"  # no tenants configured (anonymous)
+    RESERVED = "reserved"
+    BEST_EFFORT = "best_effort"
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """A tenant's purchase, as the core needs it (admission/tenants.py builds it from config).
+
+    ``priority`` is the class of its reserved traffic (interactive or batch; best_effort means it has no
+    reservation class at all). ``best_effort_mu_per_min``: 0 = none, ``inf`` = only the fleet limits it.
+    """
+
+    name: str
+    priority: Priority = Priority.INTERACTIVE
+    reserved_mu_per_min: Mapping[str, float] = field(default_factory=dict)
+    best_effort_mu_per_min: float = 0.0
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    weight: float = 1.0
+    burst_s: float | None = None
+    unlimited: bool = False
+
+    def reservation(self, model: str) -> float:
+        return (
+            0.0 if self.priority == Priority.BEST_EFFORT else float(self.reserved_mu_per_min.get(model, 0.0))
+        )
+
+    def tiers(self, model: str) -> tuple[Tier, ...]:
+        """Tiers to try, in order: the reservation first, then best-effort use of idle capacity."""
+        if self.unlimited:
+            return (Tier.UNLIMITED,)
+        out: list[Tier] = []
+        if self.reservation(model) > 0:
+            out.append(Tier.RESERVED)
+        if self.best_effort_mu_per_min > 0:
+            out.append(Tier.BEST_EFFORT)
+        return tuple(out)
+
+
+ANONYMOUS = TenantLimits(name="anonymous", unlimited=True)
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityView:
+    """Capacity ledger numbers for one deployment, passed in (the ledger owns them)."""
+
+    capacity_mu_per_min: float
+    sold_mu_per_min: float = 0.0
+
+    @property
+    def unsold_mu_per_min(self) -> float:
+        return max(0.0, self.capacity_mu_per_min - self.sold_mu_per_min)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    """Knobs shared by all tenants (config: ``admission``)."""
+
+    burst_s: float = 0.0
+    best_effort_max_utilization: float = 0.8
+    fleet_burst_s: float = 2.0
+    queue_max: int = 1000
+    default_deadline_s: float = 10.0
+    namespace: str = "fleetgate"
+
+
+def _k(settings: AdmissionSettings, *parts: str) -> str:
+    return ":".join((settings.namespace, *parts))
+
+
+def estimated_tokens(request: RequestInfo) -> int:
+    """Tokens charged against a tokens-per-minute limit at admission (settled to real usage later)."""
+    out = (
+        request.max_output_tokens
+        if request.max_output_tokens is not None
+        else request.estimated_output_tokens
+    )
+    return max(0, request.input_tokens) + max(0, out or 0)
+
+
+def plan_charges(
+    tenant: TenantLimits,
+    request: RequestInfo,
+    tier: Tier,
+    capacity: CapacityView | None,
+    settings: AdmissionSettings,
+) -> tuple[Charge, ...]:
+    """The meters one request charges in ``tier`` (all-or-nothing)."""
+    if tier in (Tier.PROBE, Tier.UNLIMITED):
+        return ()
+    cost = max(0.0, request.cost_mu)
+    burst_s = settings.burst_s if tenant.burst_s is None else tenant.burst_s
+    name, model = tenant.name, request.model
+    out: list[Charge] = []
+    if tenant.requests_per_minute:
+        out.append(
+            Charge(
+                _k(settings, "rpm", name),
+                BucketParams.per_minute(tenant.requests_per_minute, burst_s),
+                1.0,
+                ChargeKind.REQUESTS,
+            )
+        )
+    if tenant.tokens_per_minute:
+        out.append(
+            Charge(
+                _k(settings, "tpm", name),
+                BucketParams.per_minute(tenant.tokens_per_minute, burst_s),
+                float(estimated_tokens(request)),
+                ChargeKind.TOKENS,
+            )
+        )
+    fleet_rate = 0.0
+    if capacity is not None and capacity.capacity_mu_per_min > 0:
+        fleet_rate = capacity.capacity_mu_per_min * settings.best_effort_max_utilization
+    if tier == Tier.RESERVED:
+        out.append(
+            Charge(
+                _k(settings, "res", name, model),
+                BucketParams.per_minute(tenant.reservation(model), burst_s),
+                cost,
+                ChargeKind.MU,
+            )
+        )
+        if fleet_rate > 0:
+            out.append(
+                Charge(
+                    _k(settings, "fleet", model),
+                    BucketParams.per_minute(fleet_rate, settings.fleet_burst_s),
+                    cost,
+                    ChargeKind.FLEET,
+                    enforce=False,
+                )
+            )
+    elif tier == Tier.BEST_EFFORT:
+        if math.isfinite(tenant.best_effort_mu_per_min):
+            out.append(
+                Charge(
+                    _k(settings, "be", name, model),
+                    BucketParams.per_minute(tenant.best_effort_mu_per_min, burst_s),
+                    cost,
+                    ChargeKind.MU,
+                )
+            )
+        if capacity is None:
+            return tuple(out)  # capacity unknown: only the tenant's own allowance limits it
+        if fleet_rate <= 0:
+            fleet_rate = 1e-6  # no healthy capacity at all: best-effort is shed
+        out.append(
+            Charge(
+                _k(settings, "fleet", model),
+                BucketParams.per_minute(fleet_rate, settings.fleet_burst_s),
+                cost,
+                ChargeKind.FLEET,
+            )
+        )
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------- decisions
+class Reason(StrEnum):
+    OK = "ok"
+    RATE_LIMITED = "rate_limited"  # the tenant's own meters: 429
+    SATURATED = "saturated"  # best-effort and the fleet meter is full: 503
+    QUEUE_FULL = "queue_full"  # 503 for best-effort, 429 for reserved
+    DEADLINE = "deadline"  # waited in the queue until its deadline
+    STORE_UNAVAILABLE = "store_unavailable"  # shared store unreachable and fail-closed: 503
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The admission verdict for one request; ``retry_after_s > 0`` exactly when not allowed."""
+
+    allowed: bool
+    retry_after_s: float
+    reason: Reason
+    tier: Tier | None = None
+    charges: tuple[Charge, ...] = ()
+    headers: Mapping[str, str] = field(default_factory=dict)
+    admitted_s: float | None = None
+    waited_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.allowed != (self.retry_after_s <= 0):
+            raise ValueError("retry_after_s must be > 0 exactly when denied")
+
+    @property
+    def status(self) -> int:
+        """HTTP status the client sees (200 when admitted)."""
+        if self.allowed:
+            return 200
+        if self.reason in (Reason.SATURATED, Reason.STORE_UNAVAILABLE):
+            return 503
+        if self.reason in (Reason.QUEUE_FULL, Reason.DEADLINE) and self.tier == Tier.BEST_EFFORT:
+            return 503
+        return 429
+
+
+def denial_reason(charges: Sequence[Charge], blocked: Sequence[str]) -> Reason:
+    """A denial by the tenant's own meters is a rate limit; one only by the fleet meter is saturation."""
+    kinds = {c.key: c.kind for c in charges}
+    if any(kinds.get(k) != ChargeKind.FLEET for k in blocked):
+        return Reason.RATE_LIMITED
+    return Reason.SATURATED
+
+
+# ------------------------------------------------------------------------------------------------ queue
+@dataclass(slots=True, eq=False)
+class QueueEntry:
+    """One request waiting for admission."""
+
+    seq: int
+    request: RequestInfo
+    tenant: TenantLimits
+    priority: Priority
+    tiers: tuple[Tier, ...]
+    enqueued_s: float
+    deadline_s: float
+    retry_after_s: float = MIN_RETRY_AFTER_S
+    last_reason: Reason = Reason.RATE_LIMITED
+    last_tier: Tier | None = None
+    last_charges: tuple[Charge, ...] = ()
+    last_states: Mapping[str, BucketState] = field(default_factory=dict)
+    last_blocked: tuple[ChargeKind, ...] = ()
+    decision: Decision | None = None
+    plans: tuple[CapacityView | None, tuple[tuple[Tier, tuple[Charge, ...]], ...]] | None = None
+
+
+def request_priority(tenant: TenantLimits, request: RequestInfo) -> Priority:
+    """Probes are probes; otherwise the tenant's class, or best-effort when it has no reservation here."""
+    if request.priority == Priority.PROBE:
+        return Priority.PROBE
+    tiers = tenant.tiers(request.model)
+    if tenant.unlimited:
+        return request.priority
+    if Tier.RESERVED in tiers:
+        # A tenant may mark a request as less urgent than its class, never as more urgent.
+        cls = tenant.priority
+        return request.priority if PRIORITY_ORDER[request.priority] > PRIORITY_ORDER[cls] else cls
+    return Priority.BEST_EFFORT
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One try of one queued entry in one tier during a pump pass."""
+
+    entry: QueueEntry
+    tier: Tier
+    charges: tuple[Charge, ...]
+
+
+class AdmissionQueue:
+    """Bounded priority queue; order: priority class, then VTC within the class, then arrival."""
+
+    def __init__(self, max_size: int, vtc: VirtualTokenCounters | None = None) -> None:
+        self.max_size = max_size
+        self.vtc = vtc or VirtualTokenCounters()
+        self._entries: dict[int, QueueEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, entry: object) -> bool:
+        return isinstance(entry, QueueEntry) and self._entries.get(entry.seq) is entry
+
+    def push(self, entry: QueueEntry) -> tuple[bool, QueueEntry | None]:
+        """Add ``entry``. When full, the entry that ranks last (lowest class, then the largest fair-share
+        counter, then the newest) is evicted if it ranks below ``entry``; else ``entry`` is refused.
+
+        Returns (accepted, evicted).
+        """
+        evicted: QueueEntry | None = None
+        if len(self._entries) >= self.max_size:
+            if not self._entries:
+                return False, None
+            worst = max(self._entries.values(), key=self._rank)
+            if self._rank(worst)[:2] <= self._rank(entry)[:2]:
+                return False, None
+            self.remove(worst)
+            evicted = worst
+        self._entries[entry.seq] = entry
+        self.vtc.enter(entry.priority, entry.tenant.name)
+        return True, evicted
+
+    def _rank(self, e: QueueEntry) -> tuple[int, float, int]:
+        return (PRIORITY_ORDER[e.priority], self.vtc.value(e.priority, e.tenant.name), e.seq)
+
+    def remove(self, entry: QueueEntry) -> None:
+        if self._entries.pop(entry.seq, None) is not None:
+            self.vtc.leave(entry.priority, entry.tenant.name)
+
+    def ordered(self) -> list[QueueEntry]:
+        return sorted(self._entries.values(), key=self._rank)
+
+    def expired(self, now: float) -> list[QueueEntry]:
+        """Remove and return the entries whose deadline has passed."""
+        out = [e for e in self._entries.values() if e.deadline_s < now]
+        for e in out:
+            self.remove(e)
+        return out
+
+    def next_deadline(self) -> float | None:
+        return min((e.deadline_s for e in self._entries.values()), default=None)
+
+
+class PumpPass:
+    """One pass over the queue in order; the caller performs each attempt's charge and reports back.
+
+    Used the same way by the pure ``LocalAdmission`` (in-memory buckets) and by the async service (any
+    store)::
+
+        p = core.pump(now, capacity_of)
+        while (a := p.next_attempt()) is not None:
+            p.report(a, store.take(a.charges, now))
+    """
+
+    def __init__(
+        self,
+        core: AdmissionCore,
+        now: float,
+        capacity_of: Callable[[str], CapacityView | None],
+        only: QueueEntry | None = None,
+    ) -> None:
+        self.core = core
+        self.now = now
+        self.capacity_of = capacity_of
+        self.finished: list[QueueEntry] = []  # entries with a final decision (admitted or rejected)
+        self._only = only
+        if only is None:
+            for e in core.queue.expired(now):
+                core.finish_rejected(e, Reason.DEADLINE, now)
+                self.finished.append(e)
+        self._blocked: set[str] = set()
+        self._order: Iterator[QueueEntry] = iter([only] if only is not None else core.queue.ordered())
+        self._pending: list[Attempt] = []
+        self.min_retry_s: float | None = None
+
+    def next_attempt(self) -> Attempt | None:
+        while True:
+            if self._pending:
+                a = self._pending.pop(0)
+                if a.entry.decision is not None or (self._only is None and a.entry not in self.core.queue):
+                    continue
+                if any(c.enforce and c.key in self._blocked for c in a.charges):
+                    continue
+                return a
+            entry = next(self._order, None)
+            if entry is None:
+                return None
+            cap = self.capacity_of(entry.request.model)
+            if entry.plans is None or entry.plans[0] != cap:  # plans change only with the capacity
+                st, tenant, r = self.core.settings, entry.tenant, entry.request
+                entry.plans = (cap, tuple((t, plan_charges(tenant, r, t, cap, st)) for t in entry.tiers))
+            self._pending = [Attempt(entry, t, charges) for t, charges in entry.plans[1]]
+
+    def report(self, attempt: Attempt, outcome: TakeOutcome) -> None:
+        entry = attempt.entry
+        if outcome.allowed:
+            self._pending = []
+            self.core.finish_admitted(entry, attempt, outcome)
+            self.finished.append(entry)
+            return
+        self._blocked.update(outcome.blocked)
+        reason = denial_reason(attempt.charges, outcome.blocked)
+        # The first tier (the reservation when there is one) names the verdict; any tier may shorten the wait.
+        if attempt.tier == entry.tiers[0] or entry.last_tier is None:
+            entry.retry_after_s = outcome.retry_after_s
+            entry.last_reason = reason
+            entry.last_tier = attempt.tier
+            entry.last_charges = attempt.charges
+            entry.last_states = outcome.states
+            kinds = {c.key: c.kind for c in attempt.charges}
+            entry.last_blocked = tuple(kinds[k] for k in outcome.blocked if k in kinds)
+        else:
+            entry.retry_after_s = min(entry.retry_after_s, outcome.retry_after_s)
+        self.min_retry_s = (
+            outcome.retry_after_s
+            if self.min_retry_s is None
+            else min(self.min_retry_s, outcome.retry_after_s)
+        )
+
+
+class AdmissionCore:
+    """Queue, fairness and decision-making; bucket state lives in a store the caller drives.
+
+    ``capacity_of(model)`` gives the ledger's numbers for a deployment (``None`` when unknown).
+    """
+
+    def __init__(self, settings: AdmissionSettings | None = None) -> None:
+        self.settings = settings or AdmissionSettings()
+        self.queue = AdmissionQueue(self.settings.queue_max)
+        self._seq = 0
+
+    @property
+    def vtc(self) -> VirtualTokenCounters:
+        return self.queue.vtc
+
+    def new_entry(
+        self, tenant: TenantLimits, request: RequestInfo, now: float, deadline_s: float | None = None
+    ) -> QueueEntry:
+        self._seq += 1
+        wait = self.settings.default_deadline_s if deadline_s is None else max(0.0, deadline_s)
+        prio = request_priority(tenant, request)
+        tiers = (Tier.PROBE,) if prio == Priority.PROBE else tenant.tiers(request.model)
+        return QueueEntry(self._seq, request, tenant, prio, tiers, now, now + wait)
+
+    def immediate(self, entry: QueueEntry, now: float) -> Decision | None:
+        """A decision that needs no meter: probes and unlimited tenants pass; no tier = rate limited."""
+        if entry.tiers and entry.tiers[0] in (Tier.PROBE, Tier.UNLIMITED):
+            entry.decision = Decision(True, 0.0, Reason.OK, entry.tiers[0], admitted_s=now)
+            return entry.decision
+        if not entry.tiers:
+            entry.decision = Decision(
+                False,
+                60.0,
+                Reason.RATE_LIMITED,
+                None,
+                headers={
+                    "x-fleetgate-reason": f"no reservation or allowance for model {entry.request.model}"
+                },
+            )
+            return entry.decision
+        return None
+
+    def enqueue(self, entry: QueueEntry, now: float) -> tuple[bool, QueueEntry | None]:
+        """Queue ``entry``; returns (accepted, an evicted lower-priority entry, already rejected, if any).
+
+        When refused, the caller may still try ``entry`` alone (``pump(..., only=entry)``) and must
+        otherwise reject it with ``finish_rejected(entry, Reason.QUEUE_FULL, now)``.
+        """
+        accepted, evicted = self.queue.push(entry)
+        if evicted is not None:
+            self.finish_rejected(evicted, Reason.QUEUE_FULL, now)
+        return accepted, evicted
+
+    def pump(
+        self,
+        now: float,
+        capacity_of: Callable[[str], CapacityView | None],
+        only: QueueEntry | None = None,
+    ) -> PumpPass:
+        """A pass over the whole queue, or over ``only`` (an entry the full queue refused)."""
+        return PumpPass(self, now, capacity_of, only)
+
+    def give_up_if_hopeless(self, entry: QueueEntry, now: float) -> bool:
+        """Reject a still-queued entry now when its best wait ends after its deadline."""
+        if entry in self.queue and now + entry.retry_after_s > entry.deadline_s:
+            self.queue.remove(entry)
+            self.finish_rejected(entry, entry.last_reason, now)
+            return True
+        return False
+
+    def finish_admitted(self, entry: QueueEntry, attempt: Attempt, outcome: TakeOutcome) -> None:
+        self.queue.remove(entry)
+        self.vtc.charge(entry.priority, entry.tenant.name, entry.request.cost_mu, entry.tenant.weight)
+        entry.decision = Decision(
+            True,
+            0.0,
+            Reason.OK,
+            attempt.tier,
+            attempt.charges,
+            rate_limit_headers(attempt.charges, outcome.states, outcome.now),
+            admitted_s=outcome.now,
+            waited_s=max(0.0, outcome.now - entry.enqueued_s),
+        )
+
+    def finish_rejected(self, entry: QueueEntry, reason: Reason, now: float) -> None:
+        self.queue.remove(entry)
+        retry = min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, entry.retry_after_s))
+        if reason == Reason.QUEUE_FULL:
+            retry = max(retry, 1.0)
+        tier = entry.last_tier or (entry.tiers[0] if entry.tiers else None)
+        if reason in (Reason.QUEUE_FULL, Reason.DEADLINE) and entry.priority == Priority.BEST_EFFORT:
+            tier = Tier.BEST_EFFORT
+        headers = rate_limit_headers(entry.last_charges, entry.last_states, now)
+        entry.decision = Decision(
+            False, retry, reason, tier, (), headers, waited_s=max(0.0, now - entry.enqueued_s)
+        )
+
+    def settled(
+        self, decision: Decision, tenant: TenantLimits, request: RequestInfo, actual_mu: float
+    ) -> None:
+        """Correct the fairness counter by ``actual - estimate``."""
+        prio = request_priority(tenant, request)
+        self.vtc.charge(prio, tenant.name, actual_mu - request.cost_mu, tenant.weight)
+
+
+def settle_deltas(
+    decision: Decision, actual_mu: float, estimate_mu: float, actual_tokens: int | None, estimate_tokens: int
+) -> tuple[Charge, ...]:
+    """What settle adds to each meter the admission charged (refund when negative)."""
+    out: list[Charge] = []
+    for c in decision.charges:
+        if c.kind in (ChargeKind.MU, ChargeKind.FLEET):
+            delta = actual_mu - estimate_mu
+        elif c.kind == ChargeKind.TOKENS and actual_tokens is not None:
+            delta = float(actual_tokens - estimate_tokens)
+        else:
+            continue
+        if delta != 0:
+            out.append(replace(c, amount=delta))
+    return tuple(out)
+
+
+class LocalAdmission:
+    """Synchronous admission over in-memory buckets: for the simulator and core tests (time passed in).
+
+    ``submit`` returns a decision now, or ``None`` when the request waits in the queue; ``poll`` (call it
+    whenever time advances) returns the decisions reached for queued requests.
+    """
+
+    def __init__(
+        self,
+        settings: AdmissionSettings | None = None,
+        capacity_of: Callable[[str], CapacityView | None] | None = None,
+    ) -> None:
+        self.core = AdmissionCore(settings)
+        self.buckets = MemoryBuckets()
+        self.capacity_of: Callable[[str], CapacityView | None] = capacity_of or (lambda _m: None)
+        self._queued: dict[str, QueueEntry] = {}
+        self._next_wake: float | None = None  # nothing can change before then unless something is submitted
+
+    def _run(self, now: float, only: QueueEntry | None = None) -> PumpPass:
+        p = self.core.pump(now, self.capacity_of, only)
+        while (a := p.next_attempt()) is not None:
+            p.report(a, self.buckets.take(a.charges, now))
+        if only is None:
+            wake = None if p.min_retry_s is None else now + p.min_retry_s
+            deadline = self.core.queue.next_deadline()
+            if deadline is not None:
+                wake = deadline if wake is None else min(wake, deadline)
+            self._next_wake = wake
+        return p
+
+    def submit(
+        self, tenant: TenantLimits, request: RequestInfo, now: float, deadline_s: float | None = None
+    ) -> Decision | None:
+        entry = self.core.new_entry(tenant, request, now, deadline_s)
+        d = self.core.immediate(entry, now)
+        if d is not None:
+            return d
+        accepted, _evicted = self.core.enqueue(entry, now)
+        if not accepted:
+            self._run(now, only=entry)
+            if entry.decision is None:
+                self.core.finish_rejected(entry, Reason.QUEUE_FULL, now)
+            return entry.decision
+        self._queued[request.request_id] = entry
+        self._run(now)
+        self.core.give_up_if_hopeless(entry, now)
+        if entry.decision is not None:
+            self._queued.pop(request.request_id, None)
+            return entry.decision
+        return None
+
+    def poll(self, now: float) -> list[tuple[RequestInfo, Decision]]:
+        if not self._queued:
+            return []
+        if self._next_wake is None or now >= self._next_wake:
+            self._run(now)
+        out: list[tuple[RequestInfo, Decision]] = []
+        for rid, e in list(self._queued.items()):
+            if e.decision is not None:
+                out.append((e.request, e.decision))
+                del self._queued[rid]
+        return out
+
+    def settle(
+        self,
+        tenant: TenantLimits,
+        request: RequestInfo,
+        decision: Decision,
+        actual_mu: float,
+        now: float,
+        actual_tokens: int | None = None,
+    ) -> None:
+        deltas = settle_deltas(decision, actual_mu, request.cost_mu, actual_tokens, estimated_tokens(request))
+        self.buckets.adjust(deltas, now)
+        if any(d.amount < 0 for d in deltas):
+            self._next_wake = None  # a refund may let a queued request in
+        self.core.settled(decision, tenant, request, actual_mu)
+
+    @property
+    def queued(self) -> int:
+        return len(self.core.queue)

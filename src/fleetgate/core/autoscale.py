@@ -1,0 +1,382 @@
+"""Autoscaling on model-unit (MU) utilisation: a pure ``decide(context) -> (desired_replicas, state)``.
+
+Shaped like Ray Serve's custom autoscaling policies: the caller (the asyncio loop in ``fleetgate.autoscaler``
+or the simulator) gathers inputs, calls :func:`decide` with the previous state, applies the returned replica
+count and keeps the returned state for the next call. Nothing here reads a clock: ``now_s`` comes in.
+
+Why MU: request counts, CPU and memory do not show GPU load (a burst of long-context requests looks like a
+burst of short ones); MU do. Demand is ``settled MU of the last minute + MU in flight now``: for requests
+younger than a minute that is exactly their arrival volume, so the figure measures offered load even while
+the fleet is saturated (it does not stall at capacity the way settled throughput alone would).
+
+The algorithm, Knative-like with changes for LLM serving:
+
+* **Stable window** (60 s): the mean demand sets the baseline ``ceil(demand / (capacity * target))``;
+  an optional **trend term** projects the window mean forward by its own lag plus ``forecast_horizon_s``
+  (set it to the cold start) when demand is rising; a falling trend is ignored (no scale-down on a forecast).
+* **Panic window** (6 s): when short-term demand needs ``panic_threshold`` x the replicas we already have or
+  are starting, scale straight to the panic figure and hold (no scale-down) until the stable window has passed
+  without another panic signal.
+* **Pending awareness**: the target is an absolute count computed from demand, compared with
+  ``ready + starting``; replicas still starting count as already asked for, so a burst does not re-request
+  them on every tick, and nothing is scaled down while any replica is still starting.
+* **Scale-down** is delayed (the highest raw desire of the last ``scale_down_delay_s`` is the floor), blocked
+  for ``scale_up_cooldown_s`` after a scale-up, and rate-limited (``scale_down_max_step`` replicas at most per
+  ``scale_down_interval_s``). Cold starts are minutes for real engines: removing capacity too early is the
+  expensive mistake.
+* **Warm floor**: ``warm_floor`` replicas stay while any demand was seen in the last ``idle_to_min_s``; only a
+  really idle deployment drops to ``min_replicas`` (which may be 0).
+
+The bounds and cooldown helpers are shared with the baselines in ``core.autoscale_baselines``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+#: Tolerance so that demand exactly at target does not round up to one replica more.
+_EPS = 1e-9
+
+AUTOSCALER_NAMES: tuple[str, ...] = ("static", "kpa", "fleetgate")
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalePolicy:
+    """Settings of the fleetgate autoscaler; defaults documented in docs/autoscaling.md."""
+
+    target_utilisation: float = 0.7
+    min_replicas: int = 1
+    max_replicas: int = 32
+    warm_floor: int = 1
+    idle_to_min_s: float = 1800.0
+    stable_window_s: float = 60.0
+    panic_window_s: float = 6.0
+    panic_threshold: float = 1.4
+    max_scale_up_rate: float = 100.0
+    scale_down_delay_s: float = 300.0
+    scale_up_cooldown_s: float = 120.0
+    scale_down_interval_s: float = 30.0
+    scale_down_max_step: int = 1
+    forecast_horizon_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.target_utilisation <= 1.0:
+            raise ValueError("target_utilisation must be in (0, 1]")
+        if self.min_replicas < 0 or self.max_replicas < max(self.min_replicas, 1):
+            raise ValueError("need 0 <= min_replicas <= max_replicas and max_replicas >= 1")
+        if self.warm_floor < 0:
+            raise ValueError("warm_floor must be >= 0")
+        if (
+            self.stable_window_s <= 0
+            or self.panic_window_s <= 0
+            or self.panic_window_s > self.stable_window_s
+        ):
+            raise ValueError("need 0 < panic_window_s <= stable_window_s")
+        if self.panic_threshold <= 1.0:
+            raise ValueError("panic_threshold must be > 1")
+        if self.max_scale_up_rate < 1.0:
+            raise ValueError("max_scale_up_rate must be >= 1")
+        if self.scale_down_max_step < 1:
+            raise ValueError("scale_down_max_step must be >= 1")
+        for name in (
+            "scale_down_delay_s",
+            "scale_up_cooldown_s",
+            "scale_down_interval_s",
+            "forecast_horizon_s",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.idle_to_min_s < 0:
+            raise ValueError("idle_to_min_s must be >= 0")
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any] | None) -> AutoscalePolicy:
+        """Build from a plain mapping (config or CLI); unknown keys are an error, not silently ignored."""
+        params = dict(params or {})
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ValueError(f"unknown autoscaler parameter(s): {', '.join(unknown)}")
+        return cls(**params)
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscaleState:
+    """What :func:`decide` remembers between calls (opaque to callers, but readable for logs and metrics)."""
+
+    samples: tuple[tuple[float, float], ...] = ()
+    desired_history: tuple[tuple[float, int], ...] = ()
+    panic_until_s: float = -math.inf
+    last_scale_up_s: float = -math.inf
+    last_scale_down_s: float = -math.inf
+    last_demand_s: float = -math.inf
+    desired: int = 0
+    panic: bool = False
+    utilisation: float = 0.0
+    demand_mu_per_min: float = 0.0
+    reason: str = "init"
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscaleContext:
+    """Inputs of one decision.
+
+    ``current_replicas`` is the count the provider is currently asked to run (ready + starting, normally);
+    ``ready_replicas`` are healthy and serving; ``starting_replicas`` were asked for but are not ready yet
+    (including ones being restarted). ``capacity_mu_per_min`` is per replica. ``inflight_requests`` is only
+    used by the concurrency baseline (KPA) but every autoscaler gets the same context.
+    """
+
+    now_s: float
+    current_replicas: int
+    ready_replicas: int
+    starting_replicas: int = 0
+    capacity_mu_per_min: float = 100.0
+    settled_mu_per_min: float = 0.0
+    inflight_mu: float = 0.0
+    inflight_requests: float = 0.0
+    policy: AutoscalePolicy = AutoscalePolicy()
+    policy_state: Any = None
+
+    @property
+    def demand_mu_per_min(self) -> float:
+        return max(0.0, self.settled_mu_per_min) + max(0.0, self.inflight_mu)
+
+    @property
+    def utilisation(self) -> float:
+        """Demand over the capacity of healthy replicas (inf when there is demand and none is ready)."""
+        cap = self.ready_replicas * self.capacity_mu_per_min
+        if cap <= 0:
+            return math.inf if self.demand_mu_per_min > 0 else 0.0
+        return self.demand_mu_per_min / cap
+
+
+class Autoscaler(Protocol):
+    """Anything the simulator and the live loop can drive: fleetgate's policy and the baselines."""
+
+    @property
+    def name(self) -> str: ...
+
+    def decide(self, ctx: AutoscaleContext) -> tuple[int, Any]:
+        """Desired replica count and the state to pass back (as ``ctx.policy_state``) next time."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Shared wrappers: bounds, rate limits, delay and cooldown (used by every autoscaler here).
+
+
+def apply_bounds(desired: int, min_replicas: int, max_replicas: int) -> int:
+    """Clamp to ``[min_replicas, max_replicas]``."""
+    return max(min_replicas, min(max_replicas, desired))
+
+
+def limit_scale_up(current: int, desired: int, max_rate: float) -> int:
+    """At most ``max_rate`` x the current count (and always at least one replica more is allowed)."""
+    if desired <= current:
+        return desired
+    cap = max(current + 1, math.ceil(current * max_rate))
+    return min(desired, cap)
+
+
+def limit_scale_down(
+    current: int, desired: int, *, max_step: int | None = None, max_rate: float | None = None
+) -> int:
+    """At most ``max_step`` replicas fewer, and never below ``current / max_rate`` (Knative's rule)."""
+    if desired >= current:
+        return desired
+    floor = desired
+    if max_step is not None:
+        floor = max(floor, current - max_step)
+    if max_rate is not None and max_rate > 0:
+        floor = max(floor, math.floor(current / max_rate))
+    return min(current, floor)
+
+
+def in_cooldown(now_s: float, last_event_s: float, cooldown_s: float) -> bool:
+    """Whether ``cooldown_s`` has not yet passed since ``last_event_s``."""
+    return now_s - last_event_s < cooldown_s
+
+
+def delayed_floor(history: Sequence[tuple[float, int]], now_s: float, delay_s: float) -> int:
+    """The largest desire recorded in the last ``delay_s`` (0 when none): scale-down waits for it to fall."""
+    return max((d for t, d in history if now_s - t <= delay_s), default=0)
+
+
+def window_mean(samples: Sequence[tuple[float, float]], now_s: float, window_s: float) -> float:
+    """Mean of the samples taken in the last ``window_s`` (0 when none)."""
+    vals = [v for t, v in samples if now_s - t < window_s - _EPS]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def window_slope(samples: Sequence[tuple[float, float]], now_s: float, window_s: float) -> float:
+    """Least-squares slope (units per second) of the samples in the window; 0 with fewer than 3 points."""
+    pts = [(t, v) for t, v in samples if now_s - t < window_s - _EPS]
+    if len(pts) < 3:
+        return 0.0
+    n = len(pts)
+    mt = sum(t for t, _ in pts) / n
+    mv = sum(v for _, v in pts) / n
+    var = sum((t - mt) ** 2 for t, _ in pts)
+    if var <= 0:
+        return 0.0
+    return sum((t - mt) * (v - mv) for t, v in pts) / var
+
+
+def replicas_for(demand_mu_per_min: float, capacity_mu_per_min: float, target: float) -> int:
+    """Replicas needed to serve ``demand`` at ``target`` utilisation of each replica's capacity."""
+    per_replica = capacity_mu_per_min * target
+    if demand_mu_per_min <= 0 or per_replica <= 0:
+        return 0
+    return max(0, math.ceil(demand_mu_per_min / per_replica - _EPS))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fleetgate's policy.
+
+
+def decide(ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
+    """One decision: the replica count to run now and the state to pass back next time."""
+    p = ctx.policy
+    prev: AutoscaleState = (
+        ctx.policy_state if isinstance(ctx.policy_state, AutoscaleState) else AutoscaleState()
+    )
+    now = ctx.now_s
+    current = max(0, ctx.current_replicas)
+    pending_total = max(current, ctx.ready_replicas + max(0, ctx.starting_replicas))
+    demand = ctx.demand_mu_per_min
+    cap = ctx.capacity_mu_per_min
+
+    horizon = max(p.stable_window_s, p.scale_down_delay_s)
+    samples = (*(s for s in prev.samples if now - s[0] < p.stable_window_s - _EPS), (now, demand))
+    last_demand_s = now if demand > 0 else prev.last_demand_s
+
+    stable = window_mean(samples, now, p.stable_window_s)
+    if p.forecast_horizon_s > 0:
+        slope = window_slope(samples, now, p.stable_window_s)
+        if slope > 0:
+            # The window mean lags the present by half a window; project it to now + horizon.
+            stable = max(stable, stable + slope * (p.stable_window_s / 2 + p.forecast_horizon_s))
+    short = window_mean(samples, now, p.panic_window_s)
+    want_stable = replicas_for(stable, cap, p.target_utilisation)
+    want_panic = replicas_for(short, cap, p.target_utilisation)
+
+    panic_signal = want_panic >= p.panic_threshold * max(pending_total, 1) and want_panic > pending_total
+    panic_until = now + p.stable_window_s if panic_signal else prev.panic_until_s
+    panic = now < panic_until
+
+    floor = p.min_replicas
+    if now - last_demand_s <= p.idle_to_min_s:
+        floor = max(floor, p.warm_floor)
+    raw = max(want_stable, want_panic if panic else 0)
+    raw = apply_bounds(max(raw, floor), p.min_replicas, p.max_replicas)
+    history = (*(h for h in prev.desired_history if now - h[0] <= horizon), (now, raw))
+
+    reason = "hold"
+    desired = current
+    last_up, last_down = prev.last_scale_up_s, prev.last_scale_down_s
+    if raw > pending_total:
+        # Scale up, counting replicas still starting as already provided.
+        desired = limit_scale_up(pending_total, raw, p.max_scale_up_rate)
+        reason = "panic" if panic else "scale_up"
+    elif raw > current:
+        # The replicas we need are already starting: ask for exactly those, nothing more.
+        desired = min(raw, pending_total)
+        reason = "pending"
+    elif raw < current:
+        delayed = apply_bounds(
+            delayed_floor(history, now, p.scale_down_delay_s), p.min_replicas, p.max_replicas
+        )
+        if panic:
+            reason = "hold_panic"
+        elif ctx.starting_replicas > 0:
+            reason = "hold_starting"
+        elif in_cooldown(now, last_up, p.scale_up_cooldown_s):
+            reason = "hold_cooldown"
+        elif delayed >= current:
+            reason = "hold_delay"
+        elif in_cooldown(now, max(last_down, last_up), p.scale_down_interval_s):
+            reason = "hold_rate"
+        else:
+            desired = limit_scale_down(current, max(raw, delayed), max_step=p.scale_down_max_step)
+            reason = "scale_down"
+    desired = apply_bounds(desired, p.min_replicas, p.max_replicas)
+    if desired > current:
+        last_up = now
+    elif desired < current:
+        last_down = now
+
+    ready_cap = ctx.ready_replicas * cap
+    util = demand / ready_cap if ready_cap > 0 else (math.inf if demand > 0 else 0.0)
+    state = AutoscaleState(
+        samples=samples,
+        desired_history=history,
+        panic_until_s=panic_until,
+        last_scale_up_s=last_up,
+        last_scale_down_s=last_down,
+        last_demand_s=last_demand_s,
+        desired=desired,
+        panic=panic,
+        utilisation=util,
+        demand_mu_per_min=demand,
+        reason=reason,
+    )
+    return desired, state
+
+
+@dataclass(frozen=True, slots=True)
+class FleetgateAutoscaler:
+    """:func:`decide` with a fixed policy, behind the common :class:`Autoscaler` interface."""
+
+    policy: AutoscalePolicy = AutoscalePolicy()
+    name: str = "fleetgate"
+
+    def decide(self, ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
+        return decide(replace(ctx, policy=self.policy))
+
+
+def build_autoscaler(name: str, params: Mapping[str, Any] | None = None) -> Autoscaler:
+    """Build ``static``, ``kpa`` or ``fleetgate`` by name (baselines: ``core.autoscale_baselines``)."""
+    from fleetgate.core.autoscale_baselines import build_autoscaler as _build
+
+    return _build(name, params)
+
+
+class DemandMeter:
+    """MU demand of one deployment as the autoscaler reads it: settled MU over a sliding window plus MU in
+    flight. The gateway calls :meth:`start` at dispatch and :meth:`finish` at settle (with the real cost);
+    times come in as arguments. Settled amounts are kept in one-second buckets, so memory stays bounded."""
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        if window_s <= 0:
+            raise ValueError("window_s must be > 0")
+        self.window_s = window_s
+        self.inflight_mu = 0.0
+        self.inflight_requests = 0
+        self._buckets: dict[int, float] = {}
+
+    def start(self, estimate_mu: float) -> None:
+        self.inflight_mu += max(0.0, estimate_mu)
+        self.inflight_requests += 1
+
+    def finish(self, estimate_mu: float, actual_mu: float, now_s: float) -> None:
+        """A request ended: its estimate leaves the in-flight sum, its real cost joins the settled window."""
+        self.inflight_mu = max(0.0, self.inflight_mu - max(0.0, estimate_mu))
+        self.inflight_requests = max(0, self.inflight_requests - 1)
+        if actual_mu > 0:
+            key = math.floor(now_s)
+            self._buckets[key] = self._buckets.get(key, 0.0) + actual_mu
+        self._prune(now_s)
+
+    def _prune(self, now_s: float) -> None:
+        oldest = math.floor(now_s - self.window_s)
+        for key in [k for k in self._buckets if k <= oldest]:
+            del self._buckets[key]
+
+    def settled_mu_per_min(self, now_s: float) -> float:
+        """MU settled in the window, scaled to a per-minute rate."""
+        self._prune(now_s)
+        return sum(self._buckets.values()) * 60.0 / self.window_s

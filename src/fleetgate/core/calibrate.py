@@ -1,0 +1,592 @@
+"""Fit model-unit coefficients from measurements; sweep designs and fit-quality statistics.
+
+The measured quantity is *replica seconds per request*: how much of one replica a request of a given shape
+consumes when the replica is saturated (``1 / completed requests per second`` in a saturated run of that
+shape). It is fitted as ``gamma + alpha*input + beta*output (+ delta*input^2/LONG_INPUT_SCALE)`` by
+non-negative least squares (Lawson-Hanson, implemented here on numpy), weighted by ``1/measured`` so that the
+fit minimises *relative* error (what MAPE and capacity planning care about). Seconds then become MU by the
+normalisation ``MU = capacity_mu_per_min * seconds / 60``. Randomness (the train/holdout split) is injected.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from fleetgate.core.types import RandomSource
+from fleetgate.core.units import LONG_INPUT_SCALE, CostProfile
+
+FloatArray = npt.NDArray[np.float64]
+
+
+# -- non-negative least squares --------------------------------------------------------------------------
+
+
+def nnls(
+    a: npt.ArrayLike, b: npt.ArrayLike, *, max_iter: int | None = None, tol: float | None = None
+) -> FloatArray:
+    """Solve ``min ||A x - b||_2`` subject to ``x >= 0`` (Lawson & Hanson's active-set method).
+
+    Columns are scaled to unit norm internally so that coefficients of very different magnitudes (per-token
+    vs per-request) are treated alike; the result is in the caller's units.
+    """
+    A = np.asarray(a, dtype=np.float64)
+    y = np.asarray(b, dtype=np.float64).ravel()
+    if A.ndim != 2 or A.shape[0] != y.shape[0]:
+        raise ValueError(f"shape mismatch: A {A.shape}, b {y.shape}")
+    m, n = A.shape
+    if n == 0:
+        return np.zeros(0)
+    norms = np.linalg.norm(A, axis=0)
+    norms[norms == 0] = 1.0
+    As = A / norms
+    tol = (
+        10 * np.finfo(np.float64).eps * max(m, n) * max(float(np.abs(As).max(initial=0.0)), 1.0)
+        if tol is None
+        else tol
+    )
+    max_iter = 3 * n + 30 if max_iter is None else max_iter
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = As.T @ (y - As @ x)
+    it = 0
+    while (~passive).any() and (w[~passive] > tol).any():
+        # move the most promising active-set variable into the passive set
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            it += 1
+            if it > max_iter * 10:
+                break
+            s = np.zeros(n)
+            s[passive] = np.linalg.lstsq(As[:, passive], y, rcond=None)[0]
+            if (s[passive] > tol).all():
+                x = s
+                break
+            # step back towards x until the first passive variable hits zero
+            mask = passive & (s <= tol)
+            denom = x[mask] - s[mask]
+            ratios = np.where(denom > 0, x[mask] / np.where(denom > 0, denom, 1.0), np.inf)
+            step = float(min(ratios.min(initial=np.inf), 1.0))
+            x = x + step * (s - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+            if not passive.any():
+                break
+        w = As.T @ (y - As @ x)
+        if it > max_iter * 10:
+            break
+    return np.maximum(x, 0.0) / norms
+
+
+# -- fit quality ------------------------------------------------------------------------------------------
+
+
+def r2_score(measured: npt.ArrayLike, predicted: npt.ArrayLike) -> float:
+    """Coefficient of determination (1 = perfect; can be negative)."""
+    y = np.asarray(measured, dtype=np.float64)
+    p = np.asarray(predicted, dtype=np.float64)
+    ss_res = float(((y - p) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum()) if y.size else 0.0
+    if ss_tot == 0.0:
+        return 1.0 if ss_res == 0.0 else 0.0
+    return 1.0 - ss_res / ss_tot
+
+
+def mape(measured: npt.ArrayLike, predicted: npt.ArrayLike) -> float:
+    """Mean absolute percentage error, as a fraction (0.05 = 5%)."""
+    y = np.asarray(measured, dtype=np.float64)
+    p = np.asarray(predicted, dtype=np.float64)
+    if y.size == 0:
+        return math.nan
+    if (y == 0).any():
+        raise ValueError("MAPE is undefined for zero measurements")
+    return float(np.mean(np.abs((p - y) / y)))
+
+
+def holdout_split(n: int, fraction: float, rng: RandomSource) -> tuple[list[int], list[int]]:
+    """Shuffle ``range(n)`` with ``rng`` and return (train, holdout) index lists, both non-empty if n >= 2."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError("holdout fraction must be in [0, 1)")
+    keys = [(rng.random(), i) for i in range(n)]
+    order = [i for _, i in sorted(keys)]
+    k = round(n * fraction)
+    if fraction > 0 and n >= 2:
+        k = min(max(k, 1), n - 1)
+    return sorted(order[k:]), sorted(order[:k])
+
+
+# -- sweep design -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One request shape to measure, with the concurrency ladder to climb until saturation."""
+
+    input_tokens: int
+    output_tokens: int
+    concurrencies: tuple[int, ...]
+
+
+def sweep_design(
+    input_lengths: Sequence[int], output_lengths: Sequence[int], concurrencies: Sequence[int]
+) -> list[SweepPoint]:
+    """Full factorial design of input x output lengths, each climbing the same concurrency ladder."""
+    if not input_lengths or not output_lengths or not concurrencies:
+        raise ValueError("design needs at least one input length, output length and concurrency")
+    ladder = tuple(sorted(set(int(c) for c in concurrencies)))
+    if ladder[0] < 1:
+        raise ValueError("concurrency must be >= 1")
+    return [
+        SweepPoint(int(i), int(o), ladder)
+        for i, o in itertools.product(sorted(set(input_lengths)), sorted(set(output_lengths)))
+    ]
+
+
+def default_design(quick: bool = False) -> list[SweepPoint]:
+    """The standard calibration sweep (``quick``: a 3x3 design with a short ladder, for tests and demos)."""
+    if quick:
+        return sweep_design([32, 256, 1024], [4, 32, 96], [1, 4, 16, 32])
+    return sweep_design([16, 128, 512, 1024, 2048], [4, 32, 96, 256], [1, 2, 4, 8, 16, 32, 64])
+
+
+# -- fitting ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """Replica seconds one request of this shape consumed at saturation (plus how it was measured)."""
+
+    input_tokens: int
+    output_tokens: int
+    replica_seconds: float
+    cached_tokens: int = 0
+    concurrency: int = 0
+    requests: int = 0
+    throughput_rps: float = 0.0
+    latency_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+            "replica_seconds": self.replica_seconds,
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "throughput_rps": self.throughput_rps,
+            "latency_s": self.latency_s,
+        }
+
+
+#: Optional long-context terms of the cost model, by coefficient name (see core/units.py).
+EXTRA_TERMS: tuple[str, ...] = ("delta", "epsilon")
+
+
+def _term(name: str, inp: float, out: float) -> float:
+    if name == "delta":
+        return inp * inp / LONG_INPUT_SCALE
+    if name == "epsilon":
+        return out * (inp + out / 2.0) / LONG_INPUT_SCALE
+    raise ValueError(f"unknown cost term {name!r}; expected one of {EXTRA_TERMS}")
+
+
+def design_matrix(measurements: Sequence[Measurement], *, terms: Sequence[str] = ()) -> FloatArray:
+    """Rows ``[1, input, output, *extra terms]`` matching the coefficients ``gamma, alpha, beta, *terms``."""
+    rows = []
+    for m in measurements:
+        inp, out = float(m.input_tokens), float(m.output_tokens)
+        rows.append([1.0, inp, out, *(_term(t, inp, out) for t in terms)])
+    return np.asarray(rows, dtype=np.float64).reshape(len(rows), 3 + len(terms))
+
+
+def fit_weighted_nnls(x: FloatArray, y: FloatArray, *, relative: bool = True) -> FloatArray:
+    """NNLS of ``x c ~ y``; ``relative`` weights each row by ``1/y`` (minimises relative error)."""
+    if relative:
+        if (y <= 0).any():
+            raise ValueError("relative fitting needs positive measurements")
+        return nnls(x / y[:, None], np.ones_like(y))
+    return nnls(x, y)
+
+
+def fit_seconds(
+    measurements: Sequence[Measurement], *, terms: Sequence[str] | None = None, gain: float = 0.15
+) -> tuple[dict[str, float], tuple[str, ...]]:
+    """Fit replica seconds per request; returns coefficients (seconds) by name and the extra terms used.
+
+    ``terms=None`` selects extra terms greedily: a term is added when it cuts the relative RMS error on these
+    measurements by at least ``gain`` (the data "asks for it"); pass a sequence to force a set.
+    """
+    y = np.asarray([m.replica_seconds for m in measurements], dtype=np.float64)
+
+    def solve(ts: Sequence[str]) -> tuple[FloatArray, float]:
+        x = design_matrix(measurements, terms=ts)
+        c = fit_weighted_nnls(x, y)
+        return c, float(np.sqrt(np.mean(((x @ c - y) / y) ** 2)))
+
+    if terms is None:
+        chosen: list[str] = []
+        coef, err = solve(chosen)
+        improved = True
+        while improved:
+            improved = False
+            best: tuple[float, str, FloatArray] | None = None
+            for t in EXTRA_TERMS:
+                if t in chosen:
+                    continue
+                c, e = solve([*chosen, t])
+                if c[-1] > 0 and e <= (1.0 - gain) * err and (best is None or e < best[0]):
+                    best = (e, t, c)
+            if best is not None:
+                err, coef = best[0], best[2]
+                chosen.append(best[1])
+                improved = True
+        used = tuple(chosen)
+    else:
+        used = tuple(terms)
+        for t in used:
+            _term(t, 0.0, 0.0)
+        coef, _ = solve(used)
+    secs = {"gamma": float(coef[0]), "alpha": float(coef[1]), "beta": float(coef[2])}
+    for t in EXTRA_TERMS:
+        secs[t] = float(coef[3 + used.index(t)]) if t in used else 0.0
+    return secs, used
+
+
+def profile_from_seconds(
+    secs: Mapping[str, float], *, capacity_mu_per_min: float = 100.0, **kwargs: Any
+) -> CostProfile:
+    """A CostProfile from coefficients in replica seconds (normalisation: MU = capacity x seconds / 60)."""
+    k = capacity_mu_per_min / 60.0
+    return CostProfile(
+        alpha=secs.get("alpha", 0.0) * k,
+        beta=secs.get("beta", 0.0) * k,
+        gamma=secs.get("gamma", 0.0) * k,
+        delta=secs.get("delta", 0.0) * k,
+        epsilon=secs.get("epsilon", 0.0) * k,
+        capacity_mu_per_min=capacity_mu_per_min,
+        **kwargs,
+    )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fitted profile and its quality on the training and held-out measurements."""
+
+    profile: CostProfile
+    seconds_coefficients: dict[str, float]
+    r2_train: float
+    mape_train: float
+    r2_holdout: float
+    mape_holdout: float
+    terms: tuple[str, ...]
+    train: list[int] = field(default_factory=list)
+    holdout: list[int] = field(default_factory=list)
+
+    def predicted_seconds(self, measurements: Sequence[Measurement]) -> FloatArray:
+        """Replica seconds the fitted profile predicts for each measurement's shape."""
+        return np.asarray(
+            [
+                self.profile.replica_seconds(self.profile.cost(m.input_tokens, m.output_tokens))
+                for m in measurements
+            ]
+        )
+
+    def fit_report(self) -> dict[str, Any]:
+        """The quality numbers stored in the profile's ``fit`` field."""
+        return {
+            "r2": self.r2_holdout,
+            "mape_holdout": self.mape_holdout,
+            "r2_train": self.r2_train,
+            "mape_train": self.mape_train,
+            "n_train": len(self.train),
+            "n_holdout": len(self.holdout),
+            "extra_terms": list(self.terms),
+            "seconds_coefficients": dict(self.seconds_coefficients),
+        }
+
+
+def fit_cost_profile(
+    measurements: Sequence[Measurement],
+    rng: RandomSource,
+    *,
+    name: str = "calibrated",
+    model: str = "",
+    hardware: str = "",
+    engine: str = "",
+    capacity_mu_per_min: float = 100.0,
+    holdout_fraction: float = 0.25,
+    terms: Sequence[str] | None = None,
+    term_gain: float = 0.15,
+    perf: dict[str, Any] | None = None,
+) -> Calibration:
+    """Fit alpha/beta/gamma (plus long-context terms the training data asks for) and score the holdout.
+
+    Term selection (see ``fit_seconds``) sees only the training measurements.
+    """
+    if len(measurements) < 3:
+        raise ValueError("need at least 3 measurements to fit 3 coefficients")
+    y_all = np.asarray([m.replica_seconds for m in measurements], dtype=np.float64)
+    if (y_all <= 0).any() or not np.isfinite(y_all).all():
+        raise ValueError("replica_seconds must be positive and finite")
+    train, hold = holdout_split(len(measurements), holdout_fraction, rng)
+    if len(train) < 3:
+        train, hold = list(range(len(measurements))), []
+    secs, used = fit_seconds([measurements[i] for i in train], terms=terms, gain=term_gain)
+    profile = profile_from_seconds(
+        secs,
+        capacity_mu_per_min=capacity_mu_per_min,
+        name=name,
+        model=model,
+        hardware=hardware,
+        engine=engine,
+        perf=dict(perf or {}),
+    )
+
+    def quality(idx: list[int]) -> tuple[float, float]:
+        if not idx:
+            return math.nan, math.nan
+        pred = [
+            profile.replica_seconds(profile.cost(measurements[i].input_tokens, measurements[i].output_tokens))
+            for i in idx
+        ]
+        return r2_score(y_all[idx], pred), mape(y_all[idx], pred)
+
+    r2_tr, mape_tr = quality(train)
+    r2_ho, mape_ho = quality(hold)
+    cal = Calibration(
+        profile=profile,
+        seconds_coefficients=secs,
+        r2_train=r2_tr,
+        mape_train=mape_tr,
+        r2_holdout=r2_ho,
+        mape_holdout=mape_ho,
+        terms=used,
+        train=train,
+        holdout=hold,
+    )
+    return replace(cal, profile=replace(profile, fit=cal.fit_report()))
+
+
+# -- batched engine performance (published measurements such as Splitwise's perf_model.csv) ---------------
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRun:
+    """One measured batch: ``batch`` identical requests of ``prompt`` input and ``tokens`` output tokens.
+
+    ``prefill_s`` is the time to prefill the whole batch, ``step_s`` the mean decode step time, ``e2e_s``
+    the end-to-end latency of the batch (each request's latency).
+    """
+
+    prompt: int
+    batch: int
+    tokens: int
+    prefill_s: float
+    step_s: float
+    e2e_s: float
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.prompt, self.batch, self.tokens)
+
+
+@dataclass(frozen=True)
+class BatchedPerf:
+    """A continuous-batching step model fitted from batch measurements (all times in seconds).
+
+    ``prefill(prompts) = prefill_base_s + prefill_s_per_token*sum(p) + prefill_s_per_token2*sum(p^2)/1e6``;
+    ``step(batch, contexts) = decode_step_base_s + decode_step_per_seq_s*batch
+    + decode_step_per_kilotoken_s*sum(context)/1000``.
+    """
+
+    prefill_base_s: float
+    prefill_s_per_token: float
+    prefill_s_per_token2: float
+    decode_step_base_s: float
+    decode_step_per_seq_s: float
+    decode_step_per_kilotoken_s: float
+    max_batch: int
+
+    def prefill_time(self, prompt: int, batch: int = 1) -> float:
+        return (
+            self.prefill_base_s
+            + self.prefill_s_per_token * batch * prompt
+            + self.prefill_s_per_token2 * batch * prompt * prompt / 1e6
+        )
+
+    def step_time(self, batch: int, mean_context: float) -> float:
+        return (
+            self.decode_step_base_s
+            + self.decode_step_per_seq_s * batch
+            + self.decode_step_per_kilotoken_s * batch * mean_context / 1000.0
+        )
+
+    def e2e_time(self, prompt: int, batch: int, tokens: int) -> float:
+        """Latency of a batch of ``batch`` identical requests: prefill, then ``tokens`` decode steps."""
+        return self.prefill_time(prompt, batch) + tokens * self.step_time(batch, prompt + tokens / 2.0)
+
+    def replica_seconds(self, prompt: int, tokens: int, batch: int | None = None) -> float:
+        """Share of the replica one request uses when it runs in a full batch (``max_batch`` by default)."""
+        b = self.max_batch if batch is None else batch
+        return self.e2e_time(prompt, b, tokens) / b
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prefill_base_s": self.prefill_base_s,
+            "prefill_s_per_token": self.prefill_s_per_token,
+            "prefill_s_per_token2": self.prefill_s_per_token2,
+            "decode_step_base_s": self.decode_step_base_s,
+            "decode_step_per_seq_s": self.decode_step_per_seq_s,
+            "decode_step_per_kilotoken_s": self.decode_step_per_kilotoken_s,
+            "max_batch": self.max_batch,
+        }
+
+
+@dataclass(frozen=True)
+class BatchedFit:
+    """The step model, the MU profile derived from it at saturation, and fit quality."""
+
+    perf: BatchedPerf
+    profile: CostProfile
+    e2e_r2_holdout: float
+    e2e_mape_holdout: float
+    e2e_mape_train: float
+    mu_approx_mape: float
+    n_train: int
+    n_holdout: int
+    dropped: int
+    train_shapes: list[tuple[int, int, int]] = field(default_factory=list)
+    holdout_shapes: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def consistent_runs(runs: Sequence[BatchRun], tolerance: float = 0.25) -> tuple[list[BatchRun], int]:
+    """Drop runs whose e2e contradicts their own prefill + tokens x step (generation cut short or stalled)."""
+    kept = [r for r in runs if abs(r.e2e_s - (r.prefill_s + r.tokens * r.step_s)) <= tolerance * r.e2e_s]
+    return kept, len(runs) - len(kept)
+
+
+def fit_batched_perf(
+    runs: Sequence[BatchRun],
+    rng: RandomSource,
+    *,
+    name: str,
+    model: str = "",
+    hardware: str = "",
+    engine: str = "",
+    capacity_mu_per_min: float = 100.0,
+    holdout_fraction: float = 0.3,
+    long_input_gain: float = 0.15,
+    extra_perf: dict[str, Any] | None = None,
+) -> BatchedFit:
+    """Fit prefill and decode-step models (NNLS, relative error) on training shapes; score e2e on held-out.
+
+    The split is by request shape (prompt, batch, tokens), so repeats of a shape never straddle it. The MU
+    profile is the replica share of one request at ``max_batch`` (the largest measured batch):
+    the MU form is fitted (NNLS, relative error) to the step model's per-request replica seconds at batch B
+    over prompts 128-8192 x outputs 16-1024; ``mu_approx_mape`` reports how close it stays.
+    """
+    kept, dropped = consistent_runs(runs)
+    if len(kept) < 6:
+        raise ValueError("too few consistent runs to fit")
+    shapes = sorted({r.shape for r in kept})
+    tr_idx, _ = holdout_split(len(shapes), holdout_fraction, rng)
+    train_shapes = {shapes[i] for i in tr_idx}
+    train = [r for r in kept if r.shape in train_shapes]
+    hold = [r for r in kept if r.shape not in train_shapes]
+
+    def prefill_x(r: BatchRun, quad: bool) -> list[float]:
+        row = [1.0, float(r.batch * r.prompt)]
+        return [*row, r.batch * r.prompt * r.prompt / 1e6] if quad else row
+
+    yp = np.asarray([r.prefill_s for r in train])
+
+    def solve_prefill(quad: bool) -> tuple[FloatArray, float]:
+        x = np.asarray([prefill_x(r, quad) for r in train])
+        c = fit_weighted_nnls(x, yp)
+        return c, float(np.sqrt(np.mean(((x @ c - yp) / yp) ** 2)))
+
+    c_lin, e_lin = solve_prefill(False)
+    c_quad, e_quad = solve_prefill(True)
+    cp = c_quad if (c_quad[2] > 0 and e_quad <= (1 - long_input_gain) * e_lin) else np.append(c_lin, 0.0)
+    xs = np.asarray([[1.0, r.batch, r.batch * (r.prompt + r.tokens / 2.0) / 1000.0] for r in train])
+    cs = fit_weighted_nnls(xs, np.asarray([r.step_s for r in train]))
+    max_batch = max(r.batch for r in kept)
+    perf = BatchedPerf(
+        prefill_base_s=float(cp[0]),
+        prefill_s_per_token=float(cp[1]),
+        prefill_s_per_token2=float(cp[2]),
+        decode_step_base_s=float(cs[0]),
+        decode_step_per_seq_s=float(cs[1]),
+        decode_step_per_kilotoken_s=float(cs[2]),
+        max_batch=max_batch,
+    )
+
+    def e2e_quality(rs: Sequence[BatchRun]) -> tuple[float, float]:
+        if not rs:
+            return math.nan, math.nan
+        y = [r.e2e_s for r in rs]
+        p = [perf.e2e_time(r.prompt, r.batch, r.tokens) for r in rs]
+        return r2_score(y, p), mape(y, p)
+
+    _, mape_tr = e2e_quality(train)
+    r2_ho, mape_ho = e2e_quality(hold)
+
+    # Fit the MU form to the step model's per-request replica share at saturation over a grid of shapes
+    # (relative error, extra terms only when they help), the same way live calibration fits measurements.
+    b = max_batch
+    grid = [
+        (p, t) for p in (128, 256, 512, 1024, 2048, 4096, 8192) for t in (16, 32, 64, 128, 256, 512, 1024)
+    ]
+    grid_m = [Measurement(p, t, perf.replica_seconds(p, t)) for p, t in grid]
+    secs, used = fit_seconds(grid_m, gain=long_input_gain)
+    profile = profile_from_seconds(
+        secs,
+        capacity_mu_per_min=capacity_mu_per_min,
+        name=name,
+        model=model,
+        hardware=hardware,
+        engine=engine,
+    )
+    mu_secs = [profile.replica_seconds(profile.cost(m.input_tokens, m.output_tokens)) for m in grid_m]
+    mu_err = mape([m.replica_seconds for m in grid_m], mu_secs)
+    perf_dict = perf.as_dict() | {
+        "saturation_batch": b,
+        **(extra_perf or {}),
+    }
+    fit_report = {
+        "r2": r2_ho,
+        "mape_holdout": mape_ho,
+        "target": "end-to-end latency of held-out (prompt, batch, tokens) shapes",
+        "mape_train": mape_tr,
+        "n_train_runs": len(train),
+        "n_holdout_runs": len(hold),
+        "n_train_shapes": len(train_shapes),
+        "n_holdout_shapes": len(shapes) - len(train_shapes),
+        "dropped_inconsistent_runs": dropped,
+        "prefill_quadratic_term": bool(perf.prefill_s_per_token2 > 0),
+        "extra_terms": list(used),
+        "mu_vs_step_model_mape": mu_err,
+        "seconds_coefficients": secs,
+    }
+    profile = replace(profile, perf=perf_dict, fit=fit_report)
+    return BatchedFit(
+        perf=perf,
+        profile=profile,
+        e2e_r2_holdout=r2_ho,
+        e2e_mape_holdout=mape_ho,
+        e2e_mape_train=mape_tr,
+        mu_approx_mape=mu_err,
+        n_train=len(train),
+        n_holdout=len(hold),
+        dropped=dropped,
+        train_shapes=sorted(train_shapes),
+        holdout_shapes=sorted(set(shapes) - train_shapes),
+    )

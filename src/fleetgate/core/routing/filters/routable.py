@@ -1,0 +1,56 @@
+"""The filter every policy starts with: only replicas that may take a new request right now."""
+
+from __future__ import annotations
+
+from fleetgate.core.routing.outlier import OutlierDetector
+from fleetgate.core.routing.pipeline import PickContext
+from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
+
+_HEALTHY = HealthState.HEALTHY
+_SUSPECT = HealthState.SUSPECT
+
+
+def routable(
+    replicas: list[ReplicaSnapshot], ctx: PickContext, outliers: OutlierDetector | None
+) -> list[ReplicaSnapshot]:
+    """Healthy or suspect, not draining, not ejected (snapshot or detector), not already tried.
+
+    If the detector alone would leave nothing, its ejections are ignored (panic mode): a request is better
+    served by a doubtful replica than refused. Health, draining and ``exclude`` are never overridden.
+    """
+    now = ctx.now
+    exclude = ctx.exclude
+    out = [
+        r
+        for r in replicas
+        if (r.health is _HEALTHY or r.health is _SUSPECT)
+        and not r.draining
+        and r.ejected_until_s <= now
+        and r.name not in exclude
+    ]
+    if outliers is not None and outliers.blocking and out:
+        allowed = [r for r in out if outliers.allows(r.name, now)]
+        if allowed:
+            return allowed
+    return out
+
+
+class RoutableFilter:
+    """Keeps replicas that may take a new request (see ``routable``)."""
+
+    name = "routable"
+
+    def __init__(self, outliers: OutlierDetector | None = None) -> None:
+        self.outliers = outliers
+
+    def filter(
+        self, request: RequestInfo, candidates: list[ReplicaSnapshot], ctx: PickContext
+    ) -> list[ReplicaSnapshot]:
+        return routable(candidates, ctx, self.outliers)
+
+    def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
+        if self.outliers is not None and self.outliers.blocking:
+            self.outliers.on_dispatch(replica, now)
+
+    def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
+        """Outcomes reach the detector through the policy (``PipelinePolicy.on_complete``)."""

@@ -1,0 +1,421 @@
+"""fleetgate's default policy: MU least-TTFT within a sticky, bounded-load, self-rebalancing assignment.
+
+Per request (``pick``, O(replicas) plus O(prefix depth)):
+
+1. **filter**: routable replicas only (healthy/suspect, not draining, not ejected, not in ``exclude``);
+2. **affinity**: the request's workload key (``keys.KeyFunction``) has a subset of replicas from
+   ``affinity.BoundedLoadAffinity`` (consistent hashing with bounded loads; the subset grows with the key's MU
+   rate); unroutable members are skipped, so affinity never forces a request onto a bad replica;
+3. **score**: estimated time to first token on each replica
+   ``(in-flight MU + this request's prefill MU given that replica's expected cache) / MU rate``,
+   the cache state coming from ``prefix_index.PrefixIndex`` (blocks recently routed there, LRU-bounded by
+   ``cache_tokens_per_replica``);
+4. **load guard**: a replica whose recent dispatched MU rate (EWMA, ``rate_tau_s``) exceeds ``load_bound``
+   times the fleet mean (and the mean by more than ``guard_min_util`` of its capacity) takes no new request;
+5. **pick**: the best subset member, unless the best replica overall is much faster
+   (``subset_ttft > spill_factor * best_ttft + spill_slack_s``): then that one (a *spill*).
+
+Every ``rebalance_interval_s`` (driven by the ``now`` passed in): keys idle for ``key_ttl_s`` are forgotten,
+cooled keys shrink their subsets, replicas that left the fleet are dropped from subsets, and replicas whose
+MU rate is above ``(1 + rebalance_band)`` x mean hand their largest keys that fit in the excess to the next
+replicas on the key's ring that are below the mean (as few keys as possible move).
+
+See docs/routing.md for the reasoning and every parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from fleetgate.core.routing.affinity import BoundedLoadAffinity
+from fleetgate.core.routing.filters.routable import routable
+from fleetgate.core.routing.keys import KeyFunction
+from fleetgate.core.routing.outlier import OutlierDetector
+from fleetgate.core.routing.pipeline import PickContext, no_replica_error
+from fleetgate.core.routing.prefix_index import PrefixIndex
+from fleetgate.core.routing.rates import DecayingRates, SlidingSums
+from fleetgate.core.types import RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
+
+_INF = math.inf
+
+
+class FleetgatePolicy:
+    """See the module docstring; parameters are documented in docs/routing.md."""
+
+    name = "fleetgate"
+
+    def __init__(
+        self,
+        *,
+        key: str = "prefix",
+        key_prefix_tokens: int = 1024,
+        min_subset: int = 2,
+        max_subset: int = 0,
+        hot_share: float = 0.5,
+        shrink_ratio: float = 0.7,
+        bound_eps: float = 0.25,
+        vnodes: int = 64,
+        rate_tau_s: float = 60.0,
+        load_window_s: float = 60.0,
+        load_bound: float = 1.15,
+        guard_min_util: float = 0.05,
+        rebalance_band: float = 0.15,
+        rebalance_interval_s: float = 10.0,
+        max_moves: int = 64,
+        key_ttl_s: float = 600.0,
+        spill_factor: float = 1.5,
+        spill_slack_s: float = 0.5,
+        cache_tokens_per_replica: int = 400_000,
+        profile: str | None = None,
+        prefill_mu_per_token: float | None = None,
+        cache_discount: float | None = None,
+        outliers: OutlierDetector | None = None,
+    ) -> None:
+        if load_bound < 1.0 or rebalance_band < 0 or spill_factor < 1.0 or spill_slack_s < 0:
+            raise ValueError(
+                "need load_bound >= 1, rebalance_band >= 0, spill_factor >= 1, spill_slack_s >= 0"
+            )
+        if rebalance_interval_s <= 0 or key_ttl_s <= 0 or cache_tokens_per_replica < 1 or guard_min_util < 0:
+            raise ValueError("rebalance_interval_s, key_ttl_s, cache_tokens_per_replica must be positive")
+        from fleetgate.core.units import load_profile
+
+        prof = load_profile(profile)
+        self.alpha = prof.alpha if prefill_mu_per_token is None else float(prefill_mu_per_token)
+        self.cache_discount = prof.cache_discount if cache_discount is None else float(cache_discount)
+        self.beta = prof.beta
+        self.gamma = prof.gamma
+        self.default_output = float(prof.default_output_tokens)
+        self.load_bound = load_bound
+        self.guard_min_util = guard_min_util
+        self.rebalance_band = rebalance_band
+        self.rebalance_interval_s = rebalance_interval_s
+        self.max_moves = max_moves
+        self.key_ttl_s = key_ttl_s
+        self.spill_factor = spill_factor
+        self.spill_slack_s = spill_slack_s
+        self.cache_tokens_per_replica = cache_tokens_per_replica
+        self.outliers = outliers
+        self.key_fn = KeyFunction(key, key_prefix_tokens)
+        self.affinity = BoundedLoadAffinity(
+            vnodes=vnodes,
+            bound_eps=bound_eps,
+            min_subset=min_subset,
+            max_subset=max_subset,
+            hot_share=hot_share,
+            shrink_ratio=shrink_ratio,
+        )
+        self.index: PrefixIndex | None = None
+        self.replica_load = SlidingSums(load_window_s)
+        self.replica_rates: DecayingRates[str] = DecayingRates(rate_tau_s)
+        self.key_rates: DecayingRates[int] = DecayingRates(rate_tau_s)
+        self._pending: dict[int, list[str]] = {}
+        self._backlog: dict[str, tuple[float, float]] = {}
+        self._memo: tuple[str, str, float, float] = ("", "", 0.0, 1.0)
+        self._last_key: tuple[str, int] = ("", 0)
+        self._cands: list[ReplicaSnapshot] = []
+        self._replicas: Sequence[ReplicaSnapshot] = ()
+        self._cap_rate = 100.0 / 60.0
+        self._next_maintenance: float | None = None
+        self.spills = 0
+        self.guarded = 0
+        self.skips = 0
+
+    # -- estimates -----------------------------------------------------------------------------------
+
+    def prefill_mu(self, request: RequestInfo) -> float:
+        """MU of this request's prefill with nothing cached.
+
+        Scaled from the request's own ``cost_mu`` by the profile's prefill share, so a profile that differs
+        from the one that priced the request in absolute scale still gives the right proportion.
+        """
+        inp = request.input_tokens
+        absolute = self.alpha * inp
+        if request.cost_mu <= 0:
+            return absolute
+        out = request.estimated_output_tokens or request.max_output_tokens or self.default_output
+        whole = self.gamma + absolute + self.beta * out
+        return request.cost_mu * absolute / whole if whole > 0 else 0.0
+
+    def _key(self, request: RequestInfo) -> int:
+        if self._last_key[0] == request.request_id and request.request_id:
+            return self._last_key[1]
+        k = self.key_fn(request)
+        self._last_key = (request.request_id, k)
+        return k
+
+    # -- pick ----------------------------------------------------------------------------------------
+
+    def pick(
+        self,
+        request: RequestInfo,
+        replicas: Sequence[ReplicaSnapshot],
+        now: float,
+        rng: RandomSource,
+        exclude: frozenset[str] = frozenset(),
+    ) -> RouteDecision:
+        lst = replicas if isinstance(replicas, list) else list(replicas)
+        cands = routable(lst, PickContext(now, rng, exclude), self.outliers)
+        if not cands:
+            raise no_replica_error(len(lst), request.model)
+        self._replicas = lst
+        if not exclude:
+            self._cands = cands
+        n = len(cands)
+        if n == 1:
+            return RouteDecision(cands[0].name, reason="fleetgate:only")
+        aff = self.affinity
+        key = self._key(request)
+        state = aff.keys.get(key)
+        if state is not None:
+            subset = state.subset
+        else:
+            pend = self._pending.get(key)
+            if pend is None:
+                names = {r.name for r in cands}
+                aff.ensure_ring(names)
+                pend = aff.walk(key, names, n, aff.min_subset)
+                if len(self._pending) > 4096:
+                    self._pending.clear()
+                self._pending[key] = pend
+            subset = pend
+
+        hashes = request.prefix_hashes
+        depths = self.index.match_depths(hashes) if hashes and self.index is not None else None
+        inp = request.input_tokens
+        full = self.prefill_mu(request)
+        save_per_token = full * (1.0 - self.cache_discount) / inp if inp > 0 else 0.0
+        bt = request.prefix_block_tokens
+
+        backlog = self._backlog
+        load = self.replica_load
+        load.expire(now)
+        sums = load.sums
+        rates = [sums.get(r.name, 0.0) for r in cands]
+        own = request.cost_mu if request.cost_mu > 0 else full
+        mean = (load.total + own) / n
+        rel_lim = self.load_bound * mean - own
+        slack = self.guard_min_util * load.window_s
+        cap_sum = 0.0
+        best_i = -1
+        best_t = _INF
+        sub_i = -1
+        sub_t = _INF
+        sub_rank = 1 << 30
+        best_v = _INF
+        any_i = 0
+        any_t = _INF
+        any_v = _INF
+        skipped = 0
+        for i, r in enumerate(cands):
+            cap = r.capacity_mu_per_min / 60.0
+            if cap <= 0.0:
+                cap = 1e-9
+            cap_sum += cap
+            pre = full
+            if depths:
+                d = depths.get(r.name)
+                if d:
+                    cached = d * bt
+                    pre -= save_per_token * (cached if cached < inp else inp)
+            q = 0.0
+            b = backlog.get(r.name)
+            if b is not None:
+                q = b[0] - cap * (now - b[1])
+                if q < 0.0:
+                    q = 0.0
+            t = (q + pre) / cap
+            v = rates[i]
+            if t < any_t or (t == any_t and v < any_v):
+                any_i, any_t, any_v = i, t, v
+            if v > rel_lim and v + own - mean > slack * cap:
+                skipped += 1
+                continue
+            if t < best_t or (t == best_t and v < best_v):
+                best_i, best_t, best_v = i, t, v
+            if r.name in subset:
+                rank = subset.index(r.name)
+                if t < sub_t or (t == sub_t and rank < sub_rank):
+                    sub_i, sub_t, sub_rank = i, t, rank
+        self._cap_rate = cap_sum / n
+        self.skips += skipped
+        if best_i < 0:
+            best_i, best_t = any_i, any_t
+            self.guarded += 1
+        if sub_i >= 0 and sub_t <= self.spill_factor * best_t + self.spill_slack_s:
+            chosen, t, reason = sub_i, sub_t, "fleetgate:affinity"
+        else:
+            chosen, t, reason = best_i, best_t, "fleetgate:spill"
+        rep = cands[chosen]
+        name = rep.name
+        cached_blocks = depths.get(name, 0) if depths else 0
+        cached = min(cached_blocks * bt, inp)
+        self._memo = (
+            request.request_id,
+            name,
+            full - save_per_token * cached,
+            max(rep.capacity_mu_per_min / 60.0, 1e-9),
+        )
+        return RouteDecision(
+            name,
+            {"est_ttft_s": t, "cached_blocks": float(cached_blocks), "subset_size": float(len(subset))},
+            reason,
+        )
+
+    # -- feedback ------------------------------------------------------------------------------------
+
+    def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
+        if request.prefix_hashes:
+            if self.index is None:
+                blocks = max(1, self.cache_tokens_per_replica // max(request.prefix_block_tokens, 1))
+                self.index = PrefixIndex(blocks)
+            self.index.insert(replica, request.prefix_hashes)
+        full = self.prefill_mu(request)
+        memo = self._memo
+        if memo[0] == request.request_id and memo[1] == replica:
+            pre, cap = memo[2], memo[3]
+        else:
+            pre, cap = full, self._cap_rate
+        # Expected settled cost: the estimate, less the prefill the expected cache hit saves.
+        cost = request.cost_mu - full + pre if request.cost_mu > 0 else pre + self.gamma
+        b = self._backlog.get(replica)
+        q = 0.0 if b is None else max(0.0, b[0] - cap * (now - b[1]))
+        self._backlog[replica] = (q + pre, now)
+        self.replica_load.add(replica, cost, now)
+        self.replica_rates.add(replica, cost, now)
+        aff = self.affinity
+        key = self._key(request)
+        state = aff.keys.get(key)
+        if state is None:
+            subset = self._pending.pop(key, None) or [replica]
+            state = aff.commit(key, subset, now)
+        state.last_seen = now
+        if replica not in state.subset:
+            self.spills += 1
+        self.key_rates.add(key, cost, now)
+        members = len(self._cands) or 1
+        kr = self.key_rates.rate(key, now)
+        size = aff.desired_size(kr, self._cap_rate, members)
+        if size > len(state.subset):
+            names = {r.name for r in self._cands}
+            aff.ensure_ring(names)
+            aff.grow(key, names, members, size)
+        elif aff.should_shrink(kr, self._cap_rate, len(state.subset)):
+            aff.shrink(key)
+        if self.outliers is not None and self.outliers.blocking:
+            self.outliers.on_dispatch(replica, now)
+        if self._next_maintenance is None:
+            self._next_maintenance = now + self.rebalance_interval_s
+        elif now >= self._next_maintenance:
+            self.maintain(now)
+            self._next_maintenance = now + self.rebalance_interval_s
+
+    def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
+        if self.outliers is not None:
+            self.outliers.record(replica, ok, now)
+
+    # -- maintenance ---------------------------------------------------------------------------------
+
+    def maintain(self, now: float) -> None:
+        """Expire and shrink keys, drop departed replicas from subsets, then rebalance (see module doc)."""
+        aff = self.affinity
+        present = {r.name for r in self._replicas}
+        members = [r.name for r in self._cands]
+        member_set = set(members)
+        n = len(members) or 1
+        cap = self._cap_rate
+        ttl_edge = now - self.key_ttl_s
+        kscale = self.key_rates.scale(now)
+        kvals = self.key_rates.values
+        for key, state in list(aff.keys.items()):
+            if state.last_seen < ttl_edge:
+                aff.forget(key)
+                self.key_rates.discard(key)
+                continue
+            for name in [m for m in state.subset if m not in present]:
+                aff.drop_member(key, name)
+            kr = kvals.get(key, 0.0) * kscale
+            while aff.should_shrink(kr, cap, len(state.subset)):
+                aff.shrink(key)
+            if len(state.subset) < aff.min_subset and members:
+                aff.grow(key, member_set, n, min(aff.min_subset, n))
+        if members:
+            self.rebalance(now, members)
+
+    def rebalance(self, now: float, members: list[str]) -> int:
+        """Move the fewest keys off replicas above the band; returns how many slots moved."""
+        aff = self.affinity
+        rr = self.replica_rates
+        scale = rr.scale(now)
+        rate = {m: rr.values.get(m, 0.0) * scale for m in members}
+        mean = sum(rate.values()) / len(members)
+        if mean <= 0:
+            return 0
+        hi = (1.0 + self.rebalance_band) * mean
+        slack = self.guard_min_util * self._cap_rate
+        kscale = self.key_rates.scale(now)
+        kvals = self.key_rates.values
+        moved = 0
+        for src in sorted(members, key=lambda m: -rate[m]):
+            if rate[src] <= hi or rate[src] - mean <= slack or moved >= self.max_moves:
+                break
+            contrib = []
+            for key in aff.replica_keys.get(src, ()):
+                st = aff.keys[key]
+                contrib.append((kvals.get(key, 0.0) * kscale / len(st.subset), key))
+            contrib.sort(reverse=True)
+            for c, key in contrib:
+                excess = rate[src] - mean
+                if excess <= self.rebalance_band * mean / 2 or moved >= self.max_moves:
+                    break
+                if c <= 0 or c > excess:
+                    continue
+                cold = {m for m in members if rate[m] + c <= mean}
+                if not cold:
+                    break
+                st = aff.keys[key]
+                target = aff.walk(key, cold, len(members), 1, st.subset)
+                if not target:
+                    continue
+                dst = target[0]
+                aff.replace(key, src, dst)
+                rr.shift(src, dst, c, now)
+                rate[src] -= c
+                rate[dst] += c
+                moved += 1
+        return moved
+
+
+_PARAMS: dict[str, Any] = {
+    "key": str,
+    "key_prefix_tokens": int,
+    "min_subset": int,
+    "max_subset": int,
+    "hot_share": float,
+    "shrink_ratio": float,
+    "bound_eps": float,
+    "vnodes": int,
+    "rate_tau_s": float,
+    "load_window_s": float,
+    "load_bound": float,
+    "guard_min_util": float,
+    "rebalance_band": float,
+    "rebalance_interval_s": float,
+    "max_moves": int,
+    "key_ttl_s": float,
+    "spill_factor": float,
+    "spill_slack_s": float,
+    "cache_tokens_per_replica": int,
+    "profile": str,
+    "prefill_mu_per_token": float,
+    "cache_discount": float,
+}
+
+
+def build_fleetgate(params: dict[str, Any], det: OutlierDetector | None) -> FleetgatePolicy:
+    unknown = set(params) - set(_PARAMS)
+    if unknown:
+        raise ValueError(f"unknown parameter(s) for routing policy 'fleetgate': {', '.join(sorted(unknown))}")
+    kwargs: dict[str, Any] = {k: (None if v is None else _PARAMS[k](v)) for k, v in params.items()}
+    return FleetgatePolicy(outliers=det, **kwargs)

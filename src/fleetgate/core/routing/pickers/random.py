@@ -1,0 +1,14 @@
+"""Uniform random choice with the injected rng (scores ignored)."""
+
+from __future__ import annotations
+
+from fleetgate.core.routing.pipeline import PickContext
+from fleetgate.core.types import ReplicaSnapshot
+
+
+class RandomPicker:
+    name = "random"
+
+    def pick(self, candidates: list[ReplicaSnapshot], scores: list[float] | None, ctx: PickContext) -> int:
+        n = len(candidates)
+        return int(ctx.rng.random() * n) % n

@@ -1,0 +1,397 @@
+"""``fleetgate calibrate``: measure how much replica time each request shape consumes on a live engine.
+
+Method (docs/model-units.md): for every (input, output) shape of a designed sweep, a closed loop of ``c``
+clients sends identical-shape requests (unique prompt prefixes, so no prefix-cache hits; exact output lengths
+via ``max_tokens`` + ``ignore_eos``/``min_tokens``), climbing a concurrency ladder until completed requests
+per second stop growing (the replica is saturated). The saturated throughput gives the replica seconds one
+request of that shape consumes (``1 / req/s``). ``core.calibrate`` fits the cost profile (NNLS) on a random
+train split and reports R^2 and MAPE on the held-out shapes. Token counts are taken from the engine's own
+``usage`` (its tokenizer, its chat template), so any OpenAI-compatible engine works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from fleetgate.core.calibrate import (
+    Calibration,
+    Measurement,
+    SweepPoint,
+    default_design,
+    fit_cost_profile,
+)
+
+_WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "big", "red", "dog")
+
+#: Extra request fields asking for exactly ``max_tokens`` output tokens (vLLM, SGLang, llama.cpp, simengine).
+EXACT_LENGTH_FIELDS: dict[str, Any] = {"ignore_eos": True}
+
+
+class CalibrationError(RuntimeError):
+    """The engine could not be measured (unreachable, errors, or nonsense usage)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A request shape as sent: prompt filler words and requested output tokens."""
+
+    words: int
+    output_tokens: int
+
+
+@dataclass
+class LevelResult:
+    """One rung of the concurrency ladder for one shape (or mix)."""
+
+    concurrency: int
+    requests: int
+    elapsed_s: float
+    throughput_rps: float
+    mean_latency_s: float
+    mean_prompt_tokens: float
+    mean_completion_tokens: float
+    usages: list[tuple[int, int]] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "elapsed_s": self.elapsed_s,
+            "throughput_rps": self.throughput_rps,
+            "mean_latency_s": self.mean_latency_s,
+            "mean_prompt_tokens": self.mean_prompt_tokens,
+            "mean_completion_tokens": self.mean_completion_tokens,
+        }
+
+
+@dataclass
+class SaturationResult:
+    """The ladder climbed for one shape or mix, and the saturated throughput found."""
+
+    levels: list[LevelResult] = field(default_factory=list)
+
+    @property
+    def best(self) -> LevelResult:
+        return max(self.levels, key=lambda lv: lv.throughput_rps)
+
+    @property
+    def saturated_rps(self) -> float:
+        return self.best.throughput_rps
+
+
+class EngineProbe:
+    """Sends chat completions of a given shape to one engine and times closed-loop runs."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        engine: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        request_timeout_s: float = 300.0,
+    ) -> None:
+        self.session = session
+        self.url = engine.rstrip("/") + "/v1/chat/completions"
+        self.model = model
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.extra_body = dict(EXACT_LENGTH_FIELDS if extra_body is None else extra_body)
+        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self._seq = itertools.count()
+
+    def prompt(self, words: int) -> str:
+        """A prompt of ``words`` filler words behind a unique prefix (defeats prefix caching)."""
+        uid = next(self._seq)
+        head = f"Request {uid} {uid * 7919 % 100003} :"
+        return head + "".join(" " + _WORDS[(uid + k) % len(_WORDS)] for k in range(max(words, 0)))
+
+    async def send(self, shape: Shape) -> tuple[int, int, float]:
+        """One request; returns (prompt_tokens, completion_tokens, latency_s) from the engine's usage."""
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": self.prompt(shape.words)}],
+            "max_tokens": shape.output_tokens,
+            "min_tokens": shape.output_tokens,
+            "temperature": 0.0,
+            "stream": False,
+            **self.extra_body,
+        }
+        t0 = time.perf_counter()
+        try:
+            async with self.session.post(
+                self.url, data=json.dumps(body), headers=self.headers, timeout=self.timeout
+            ) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    raise CalibrationError(f"engine answered HTTP {resp.status}: {text[:300]}")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise CalibrationError(f"request to {self.url} failed: {exc.__class__.__name__}: {exc}") from exc
+        latency = time.perf_counter() - t0
+        try:
+            usage = json.loads(text)["usage"]
+            return int(usage["prompt_tokens"]), int(usage["completion_tokens"]), latency
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CalibrationError(f"engine response has no usable usage: {text[:300]}") from exc
+
+    async def words_for(self, input_tokens: int) -> int:
+        """Filler words that give about ``input_tokens`` prompt tokens (two probes; template overhead)."""
+        base, _, _ = await self.send(Shape(0, 1))
+        probe_words = max(input_tokens, 16)
+        tokens, _, _ = await self.send(Shape(probe_words, 1))
+        per_word = max((tokens - base) / probe_words, 1e-3)
+        return max(round((input_tokens - base) / per_word), 0)
+
+    async def closed_loop(
+        self, shapes: Callable[[int], Shape], concurrency: int, requests: int
+    ) -> LevelResult:
+        """``concurrency`` workers send ``requests`` requests in total, back to back.
+
+        Throughput is measured in steady state: completions between the first and the last quarter of the
+        run (``n/2`` completions over the time between the ``n/4``-th and ``3n/4``-th), which leaves out the
+        ramp-up and the drain at the end. Token means and ``usages`` cover the same completions.
+        """
+        counter = itertools.count()
+        results: list[tuple[int, int, float, float]] = []  # prompt, completion, latency, finished at
+
+        async def worker() -> None:
+            while (i := next(counter)) < requests:
+                p, c, lat = await self.send(shapes(i))
+                results.append((p, c, lat, time.perf_counter()))
+
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.TaskGroup() as tg:  # one failure cancels the other workers
+                for _ in range(concurrency):
+                    tg.create_task(worker())
+        except* CalibrationError as group:
+            raise group.exceptions[0] from None
+        elapsed = time.perf_counter() - t0
+        n = len(results)
+        results.sort(key=lambda r: r[3])
+        if n >= 8:
+            lo, hi = n // 4, (3 * n) // 4
+            window = results[lo + 1 : hi + 1]
+            span = results[hi][3] - results[lo][3]
+        else:
+            window, span = results, elapsed
+        k = len(window)
+        return LevelResult(
+            concurrency=concurrency,
+            requests=n,
+            elapsed_s=elapsed,
+            throughput_rps=k / span if span > 0 else math.inf,
+            mean_latency_s=sum(r[2] for r in window) / k,
+            mean_prompt_tokens=sum(r[0] for r in window) / k,
+            mean_completion_tokens=sum(r[1] for r in window) / k,
+            usages=[(r[0], r[1]) for r in window],
+        )
+
+    async def saturate(
+        self,
+        shapes: Callable[[int], Shape],
+        ladder: Sequence[int],
+        *,
+        requests_per_worker: int = 4,
+        min_requests: int = 8,
+        growth: float = 0.05,
+        on_level: Callable[[LevelResult], None] | None = None,
+    ) -> SaturationResult:
+        """Climb the concurrency ladder until throughput grows by less than ``growth`` (saturated)."""
+        result = SaturationResult()
+        for c in ladder:
+            level = await self.closed_loop(shapes, c, max(c * requests_per_worker, min_requests))
+            if on_level is not None:
+                on_level(level)
+            prev = result.saturated_rps if result.levels else 0.0
+            result.levels.append(level)
+            if prev > 0 and level.throughput_rps < prev * (1.0 + growth):
+                break
+        return result
+
+
+def _constant(shape: Shape) -> Callable[[int], Shape]:
+    def pick(_i: int) -> Shape:
+        return shape
+
+    return pick
+
+
+@dataclass
+class CalibrationRun:
+    """Everything one calibration produced."""
+
+    calibration: Calibration
+    measurements: list[Measurement]
+    ladders: list[dict[str, Any]]
+
+    def to_json(self, engine: str, model: str, quick: bool) -> dict[str, Any]:
+        cal = self.calibration
+        data = cal.profile.to_dict()
+        data.update(
+            {
+                "r2": cal.r2_holdout,
+                "mape_holdout": cal.mape_holdout,
+                "r2_train": cal.r2_train,
+                "mape_train": cal.mape_train,
+                "engine_url": engine,
+                "requested_model": model,
+                "quick": quick,
+                "method": "closed-loop saturation per shape; replica_seconds = 1 / saturated req/s; NNLS",
+                "holdout_indices": cal.holdout,
+                "measurements": [m.as_dict() for m in self.measurements],
+                "ladders": self.ladders,
+            }
+        )
+        return data
+
+
+async def calibrate_engine(
+    engine: str,
+    model: str,
+    *,
+    design: Sequence[SweepPoint] | None = None,
+    quick: bool = False,
+    capacity_mu_per_min: float = 100.0,
+    seed: int = 0,
+    api_key: str | None = None,
+    extra_body: Mapping[str, Any] | None = None,
+    requests_per_worker: int | None = None,
+    progress: bool = True,
+    name: str | None = None,
+) -> CalibrationRun:
+    """Run the sweep against ``engine`` and fit the profile (see the module docstring)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    points = list(design) if design is not None else default_design(quick)
+    rpw = requests_per_worker if requests_per_worker is not None else (3 if quick else 6)
+    measurements: list[Measurement] = []
+    ladders: list[dict[str, Any]] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        probe = EngineProbe(session, engine, model, api_key=api_key, extra_body=extra_body)
+        with Progress(
+            TextColumn("[bold]calibrate[/] {task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} shapes"),
+            TimeElapsedColumn(),
+            disable=not progress,
+            transient=False,
+        ) as bar:
+            task = bar.add_task("words per token", total=len(points))
+            words_cache: dict[int, int] = {}
+            for point in points:
+                if point.input_tokens not in words_cache:
+                    words_cache[point.input_tokens] = await probe.words_for(point.input_tokens)
+                shape = Shape(words_cache[point.input_tokens], point.output_tokens)
+                label = f"in={point.input_tokens} out={point.output_tokens}"
+                bar.update(task, description=label)
+
+                def show(level: LevelResult, label: str = label) -> None:
+                    bar.update(
+                        task, description=f"{label} c={level.concurrency} {level.throughput_rps:.2f} req/s"
+                    )
+
+                sat = await probe.saturate(
+                    _constant(shape), point.concurrencies, requests_per_worker=rpw, on_level=show
+                )
+                best = sat.best
+                measurements.append(
+                    Measurement(
+                        input_tokens=round(best.mean_prompt_tokens),
+                        output_tokens=round(best.mean_completion_tokens),
+                        replica_seconds=1.0 / best.throughput_rps,
+                        concurrency=best.concurrency,
+                        requests=best.requests,
+                        throughput_rps=best.throughput_rps,
+                        latency_s=best.mean_latency_s,
+                    )
+                )
+                ladders.append(
+                    {
+                        "input_tokens": point.input_tokens,
+                        "output_tokens": point.output_tokens,
+                        "words": shape.words,
+                        "levels": [lv.as_dict() for lv in sat.levels],
+                    }
+                )
+                bar.advance(task)
+    cal = fit_cost_profile(
+        measurements,
+        random.Random(seed),
+        name=name or f"{model}-calibrated",
+        model=model,
+        engine=engine,
+        capacity_mu_per_min=capacity_mu_per_min,
+    )
+    return CalibrationRun(calibration=cal, measurements=measurements, ladders=ladders)
+
+
+def plot_calibration(run: CalibrationRun, path: Path, title: str = "") -> None:
+    """PNG of predicted vs measured replica seconds per request (train and held-out shapes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cal = run.calibration
+    measured = [m.replica_seconds * 1000 for m in run.measurements]
+    predicted = [float(v) * 1000 for v in cal.predicted_seconds(run.measurements)]
+    fig, ax = plt.subplots(figsize=(5.5, 5.0), dpi=110)
+    for idx, label, marker in ((cal.train, "train", "o"), (cal.holdout, "held out", "s")):
+        ax.scatter([measured[i] for i in idx], [predicted[i] for i in idx], label=label, marker=marker)
+    lo = min([*measured, *predicted]) * 0.9
+    hi = max([*measured, *predicted]) * 1.1
+    ax.plot([lo, hi], [lo, hi], color="grey", linewidth=1, linestyle="--", label="y = x")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured replica ms / request (saturated)")
+    ax.set_ylabel("predicted by the MU profile (ms)")
+    ax.set_title(
+        f"{title or cal.profile.name}\nheld-out R²={cal.r2_holdout:.3f}  MAPE={cal.mape_holdout:.1%}",
+        fontsize=10,
+    )
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_calibration(engine: str, model: str, out: Path, plot: Path | None, quick: bool) -> None:
+    """The ``fleetgate calibrate`` command: sweep, fit, write JSON (and PNG), print the fit quality."""
+    import typer
+
+    try:
+        run = asyncio.run(calibrate_engine(engine, model, quick=quick))
+    except CalibrationError as exc:
+        typer.echo(f"calibration failed: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(run.to_json(engine, model, quick), indent=2) + "\n")
+    if plot is not None:
+        plot_calibration(run, plot, title=f"{model} @ {engine}")
+    cal = run.calibration
+    p = cal.profile
+    typer.echo(
+        f"alpha={p.alpha:.6g} beta={p.beta:.6g} gamma={p.gamma:.6g} delta={p.delta:.6g} "
+        f"epsilon={p.epsilon:.6g} MU (capacity {p.capacity_mu_per_min:g} MU/min/replica)"
+    )
+    typer.echo(
+        f"fit: held-out R^2={cal.r2_holdout:.4f} MAPE={cal.mape_holdout:.2%} "
+        f"(train R^2={cal.r2_train:.4f} MAPE={cal.mape_train:.2%}; {len(cal.train)} train / "
+        f"{len(cal.holdout)} held-out shapes); wrote {out}"
+    )

@@ -1,0 +1,179 @@
+"""Prometheus text parsing and the engine signals the router and prober read.
+
+Engines name the same facts differently; ``engine_signals`` maps each engine's real metric names (vLLM
+``vllm:``, SGLang ``sglang:``, llama.cpp ``llamacpp:``) onto one small record. Values summed over label sets
+(vLLM labels data-parallel ranks with ``engine``), except KV usage, which takes the fullest rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+Sample = tuple[dict[str, str], float]
+Parsed = dict[str, list[Sample]]
+
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+def parse_prometheus_text(text: str) -> Parsed:
+    """Parse Prometheus exposition text into ``{metric_name: [(labels, value), ...]}``.
+
+    Comments, ``# HELP``/``# TYPE`` lines and malformed lines are skipped; timestamps are ignored.
+    Histogram series keep their own names (``x_bucket``, ``x_sum``, ``x_count``).
+    """
+    out: Parsed = {}
+    for raw_line in text.splitlines():
+        line = raw_line.strip()
+        if not line or line[0] == "#":
+            continue
+        try:
+            name, labels, rest = _split_sample(line)
+            value = _parse_value(rest.split()[0])
+        except (ValueError, IndexError):
+            continue
+        out.setdefault(name, []).append((labels, value))
+    return out
+
+
+def _split_sample(line: str) -> tuple[str, dict[str, str], str]:
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace < 0 or (0 <= space < brace):
+        if space < 0:
+            raise ValueError("no value")
+        return line[:space], {}, line[space + 1 :]
+    name = line[:brace]
+    labels: dict[str, str] = {}
+    i = brace + 1
+    n = len(line)
+    while True:
+        while i < n and line[i] in " ,":
+            i += 1
+        if i >= n:
+            raise ValueError("unterminated labels")
+        if line[i] == "}":
+            return name, labels, line[i + 1 :]
+        eq = line.index("=", i)
+        key = line[i:eq].strip()
+        if eq + 1 >= n or line[eq + 1] != '"':
+            raise ValueError("label value not quoted")
+        j = eq + 2
+        chars: list[str] = []
+        while True:
+            c = line[j]
+            if c == "\\":
+                nxt = line[j + 1]
+                chars.append(_ESCAPES.get(nxt, "\\" + nxt))
+                j += 2
+            elif c == '"':
+                break
+            else:
+                chars.append(c)
+                j += 1
+        labels[key] = "".join(chars)
+        i = j + 1
+
+
+def _parse_value(token: str) -> float:
+    lowered = token.lower()
+    if lowered in ("+inf", "inf"):
+        return math.inf
+    if lowered == "-inf":
+        return -math.inf
+    if lowered == "nan":
+        return math.nan
+    return float(token)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSignals:
+    """What an engine's /metrics says about its load; ``None`` where the engine does not report it.
+
+    ``prefix_queries``/``prefix_hits`` are cumulative token counters (their deltas give a hit rate);
+    ``generation_tokens`` is cumulative (its growth is evidence of progress for the prober).
+    """
+
+    waiting: float | None = None
+    running: float | None = None
+    kv_usage: float | None = None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    generation_tokens: float | None = None
+    engine: str | None = None
+
+
+def _total(parsed: Mapping[str, Sequence[Sample]], *names: str) -> float | None:
+    for name in names:
+        samples = parsed.get(name)
+        if samples:
+            return float(sum(v for _, v in samples if not math.isnan(v)))
+    return None
+
+
+def _maximum(parsed: Mapping[str, Sequence[Sample]], *names: str) -> float | None:
+    for name in names:
+        samples = parsed.get(name)
+        if samples:
+            return float(max(v for _, v in samples))
+    return None
+
+
+def engine_signals(parsed: Mapping[str, Sequence[Sample]]) -> EngineSignals:
+    """Map one engine's parsed metrics onto ``EngineSignals`` (vLLM, SGLang or llama.cpp names)."""
+    if any(name.startswith("vllm:") for name in parsed):
+        return EngineSignals(
+            waiting=_total(parsed, "vllm:num_requests_waiting"),
+            running=_total(parsed, "vllm:num_requests_running"),
+            # v1 name first, then the v0 name
+            kv_usage=_maximum(parsed, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+            prefix_queries=_total(
+                parsed, "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"
+            ),
+            prefix_hits=_total(parsed, "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+            generation_tokens=_total(parsed, "vllm:generation_tokens_total"),
+            engine="vllm",
+        )
+    if any(name.startswith("sglang:") for name in parsed):
+        queries = _total(parsed, "sglang:prompt_tokens_total")
+        hits = _total(parsed, "sglang:cached_tokens_total")
+        if hits is None and queries is not None:
+            rate = _maximum(parsed, "sglang:cache_hit_rate")
+            hits = None if rate is None else rate * queries
+        return EngineSignals(
+            waiting=_total(parsed, "sglang:num_queue_reqs"),
+            running=_total(parsed, "sglang:num_running_reqs"),
+            kv_usage=_maximum(parsed, "sglang:token_usage"),
+            prefix_queries=queries,
+            prefix_hits=hits,
+            generation_tokens=_total(parsed, "sglang:generation_tokens_total"),
+            engine="sglang",
+        )
+    if any(name.startswith("llamacpp:") for name in parsed):
+        return EngineSignals(
+            waiting=_total(parsed, "llamacpp:requests_deferred"),
+            running=_total(parsed, "llamacpp:requests_processing"),
+            kv_usage=_maximum(parsed, "llamacpp:kv_cache_usage_ratio"),
+            prefix_queries=_total(parsed, "llamacpp:prompt_tokens_total"),
+            prefix_hits=_total(parsed, "llamacpp:prompt_tokens_cached_total"),
+            generation_tokens=_total(parsed, "llamacpp:tokens_predicted_total"),
+            engine="llamacpp",
+        )
+    return EngineSignals()
+
+
+def hit_rate(
+    previous: EngineSignals | None, current: EngineSignals, min_queries: float = 1.0
+) -> float | None:
+    """Prefix-cache hit rate between two scrapes (cumulative without an earlier scrape or new traffic)."""
+    if current.prefix_queries is None or current.prefix_hits is None:
+        return None
+    if previous is not None and previous.prefix_queries is not None and previous.prefix_hits is not None:
+        dq = current.prefix_queries - previous.prefix_queries
+        dh = current.prefix_hits - previous.prefix_hits
+        if dq >= min_queries and dh >= 0:
+            return min(max(dh / dq, 0.0), 1.0)
+    if current.prefix_queries >= min_queries:
+        return min(max(current.prefix_hits / current.prefix_queries, 0.0), 1.0)
+    return None

@@ -1,0 +1,83 @@
+"""The admission hook the gateway calls: authenticate -> admit -> (dispatch) -> settle or release.
+
+``Admission`` is the protocol that ``fleetgate.admission.service.AdmissionService`` implements; the gateway
+only depends on this protocol. ``OpenAdmission`` is the default when no tenants are configured: everyone is
+the anonymous tenant and every request is admitted at once (no per-request bookkeeping on the hot path).
+A ticket may carry ``headers`` (e.g. ``x-ratelimit-*``) that the gateway adds to the response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fleetgate.core.types import Priority, RequestInfo, Usage
+
+
+class Admission(Protocol):
+    """What the gateway needs from admission control. A ticket returned by ``admit`` must be passed to
+    exactly one of ``settle`` (the request ran; charge its real cost) or ``release`` (it never ran)."""
+
+    def authenticate(self, authorization_header: str | None) -> Any: ...
+
+    async def admit(self, tenant: Any, request: RequestInfo, now: float) -> Any: ...
+
+    async def settle(
+        self, ticket: Any, actual_mu: float, now: float, *, usage: Usage | None = None
+    ) -> None: ...
+
+    def release(self, ticket: Any) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AnonymousTenant:
+    name: str = "anonymous"
+    priority: Priority = Priority.INTERACTIVE
+
+
+class OpenAdmission:
+    """No tenants, no limits: the embedded default."""
+
+    def __init__(self) -> None:
+        self.tenant = AnonymousTenant()
+        self.admitted = 0
+        self.settled = 0
+        self.released = 0
+
+    def authenticate(self, authorization_header: str | None) -> AnonymousTenant:
+        return self.tenant
+
+    async def admit(self, tenant: Any, request: RequestInfo, now: float) -> object:
+        self.admitted += 1
+        return object()
+
+    async def settle(self, ticket: Any, actual_mu: float, now: float, *, usage: Usage | None = None) -> None:
+        self.settled += 1
+
+    def release(self, ticket: Any) -> None:
+        self.released += 1
+
+
+def ticket_headers(ticket: Any) -> dict[str, str]:
+    headers = getattr(ticket, "headers", None)
+    return dict(headers) if isinstance(headers, dict) else {}
+
+
+def admission_clock(admission: Any, default: Callable[[], float]) -> Callable[[], float]:
+    """The clock the admission service wants its ``now`` from (it may be wall time for shared Redis)."""
+    clock = getattr(admission, "clock", None)
+    return clock if callable(clock) else default
+
+
+def tenant_name(tenant: Any) -> str:
+    name = getattr(tenant, "name", None)
+    return name if isinstance(name, str) and name else "anonymous"
+
+
+def tenant_priority(tenant: Any) -> Priority:
+    value = getattr(tenant, "priority", None)
+    try:
+        return Priority(value) if value is not None else Priority.INTERACTIVE
+    except ValueError:
+        return Priority.INTERACTIVE

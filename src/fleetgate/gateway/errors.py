@@ -1,0 +1,141 @@
+"""The one place where errors become HTTP: OpenAI-shaped JSON bodies and SSE error events.
+
+Everything the gateway rejects or fails on is a ``core.errors.FleetgateError``; this module turns it into
+``{"error": {"message", "type", "param", "code"}}`` with the right status and headers (``Retry-After`` ...).
+aiohttp's own HTTP exceptions (unknown path, wrong method, oversized body) and unexpected exceptions are
+mapped onto the same tree first, so a client never sees an HTML or plain-text error.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from fleetgate.core.errors import (
+    FleetgateError,
+    InvalidRequestError,
+    NotFoundError,
+    PayloadTooLargeError,
+    RateLimitError,
+    ServiceUnavailableError,
+)
+from fleetgate.core.sse import encode_event
+
+log = logging.getLogger("fleetgate.gateway")
+
+REQUEST_ID_HEADER = "x-request-id"
+
+
+class MethodNotAllowedError(InvalidRequestError):
+    status = 405
+    code = "method_not_allowed"
+
+
+class RouteNotFoundError(NotFoundError):
+    code = "not_found"
+
+
+def error_headers(exc: FleetgateError) -> dict[str, str]:
+    """Headers an error carries: its own plus ``Retry-After`` (whole seconds, at least 1)."""
+    headers = dict(exc.headers)
+    retry_after = getattr(exc, "retry_after_s", None)
+    if isinstance(exc, RateLimitError | ServiceUnavailableError) and retry_after is not None:
+        headers.setdefault("Retry-After", str(max(1, math.ceil(retry_after))))
+    return headers
+
+
+def error_response(exc: FleetgateError, request_id: str | None = None) -> web.Response:
+    """The OpenAI-style JSON response for ``exc``."""
+    headers = error_headers(exc)
+    if request_id:
+        headers[REQUEST_ID_HEADER] = request_id
+    return web.Response(
+        status=exc.status,
+        body=orjson.dumps(exc.to_dict()),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def sse_error_event(exc: FleetgateError) -> bytes:
+    """In-stream error for failures after the first byte: ``data: {"error": {...}}``, then the end."""
+    return encode_event(orjson.dumps(exc.to_dict()))
+
+
+def from_http_exception(exc: web.HTTPException) -> FleetgateError:
+    """aiohttp's routing/size errors expressed in the error tree."""
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return PayloadTooLargeError(f"Request body too large: {exc.text or ''}".strip())
+    if isinstance(exc, web.HTTPNotFound):
+        return RouteNotFoundError("Unknown path; see /v1/models, /v1/chat/completions, /v1/completions.")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        return MethodNotAllowedError(f"Method not allowed; use {', '.join(sorted(exc.allowed_methods))}.")
+    if exc.status >= 500:
+        return FleetgateError(exc.reason)
+    err = InvalidRequestError(exc.reason)
+    err.status = exc.status
+    return err
+
+
+def upstream_rejection(status: int, raw: bytes) -> FleetgateError | None:
+    """An engine's 4xx (other than 408/429) means the request itself is bad: relay it, OpenAI-shaped.
+
+    Returns ``None`` for statuses that say nothing against the request (5xx, 408, 429): those are retried.
+    """
+    if not 400 <= status < 500 or status in (408, 429):
+        return None
+    message = param = code = None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    err_obj = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err_obj, dict):
+        message, param, code = err_obj.get("message"), err_obj.get("param"), err_obj.get("code")
+    elif isinstance(body, dict):
+        message = body.get("message") or body.get("detail")
+    text = (
+        message
+        if isinstance(message, str) and message
+        else f"The engine rejected the request (HTTP {status})."
+    )
+    err = InvalidRequestError(
+        text, param=param if isinstance(param, str) else None, code=code if isinstance(code, str) else None
+    )
+    err.status = status
+    return err
+
+
+def payload_too_large(limit: int) -> PayloadTooLargeError:
+    return PayloadTooLargeError(f"Request body exceeds the limit of {limit} bytes.", param="body")
+
+
+def draining_error() -> ServiceUnavailableError:
+    return ServiceUnavailableError("The gateway is shutting down.", retry_after_s=1.0)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turns every error into the OpenAI shape and stamps ``x-request-id`` on plain responses."""
+    request_id: str | None = request.get("request_id")
+    try:
+        response = await handler(request)
+    except FleetgateError as exc:
+        response = error_response(exc, request_id)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = error_response(from_http_exception(exc), request_id)
+    except Exception:
+        log.exception("unexpected error handling %s %s", request.method, request.path)
+        response = error_response(FleetgateError("Internal gateway error."), request_id)
+    if request_id and not response.prepared:
+        response.headers[REQUEST_ID_HEADER] = request_id
+    return response

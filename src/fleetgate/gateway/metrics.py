@@ -1,0 +1,142 @@
+"""Gateway Prometheus metrics on a per-app ``CollectorRegistry`` (no process globals).
+
+Counters and histograms are updated on the request path through label children cached per
+(deployment, replica), so a request costs a few dict lookups. Gauges of current state (in-flight requests
+and MU, engine signals, health) are read from the fleet at scrape time by a custom collector: zero hot-path
+cost and never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from fleetgate.gateway.fleet import Fleet
+
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0,
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class ReplicaMetrics:
+    """Cached label children for one (deployment, replica)."""
+
+    ttft: Histogram
+    e2e: Histogram
+    prompt_tokens: Counter
+    generation_tokens: Counter
+
+
+class GatewayMetrics:
+    """All gateway metrics; ``registry`` is what /metrics renders."""
+
+    def __init__(self, fleet: Fleet, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        labels = ["deployment", "replica"]
+        self.requests = Counter(
+            "fleetgate_requests",
+            "Requests finished, by deployment, replica, endpoint and HTTP status.",
+            [*labels, "endpoint", "status"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "fleetgate_request_errors",
+            "Errors by kind (upstream_error, timeout, stream_error, client_disconnect, invalid_request ...).",
+            [*labels, "kind"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "fleetgate_upstream_retries",
+            "Attempts that failed before the first byte and were retried on another replica.",
+            labels,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "fleetgate_time_to_first_token_seconds",
+            "Time from request arrival to the first streamed byte sent to the client.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "fleetgate_e2e_request_latency_seconds",
+            "Time from request arrival to the end of the response.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "fleetgate_prompt_tokens", "Prompt tokens reported by engines.", labels, registry=self.registry
+        )
+        self.generation_tokens = Counter(
+            "fleetgate_generation_tokens",
+            "Generated tokens reported by engines.",
+            labels,
+            registry=self.registry,
+        )
+        self.registry.register(_FleetCollector(fleet))
+        self._children: dict[tuple[str, str], ReplicaMetrics] = {}
+
+    def replica(self, deployment: str, replica: str) -> ReplicaMetrics:
+        key = (deployment, replica)
+        children = self._children.get(key)
+        if children is None:
+            children = ReplicaMetrics(
+                ttft=self.ttft.labels(deployment, replica),
+                e2e=self.e2e.labels(deployment, replica),
+                prompt_tokens=self.prompt_tokens.labels(deployment, replica),
+                generation_tokens=self.generation_tokens.labels(deployment, replica),
+            )
+            self._children[key] = children
+        return children
+
+
+class _FleetCollector(Collector):
+    """Current-state gauges, read from the fleet when /metrics is scraped."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["deployment", "replica"]
+        inflight = GaugeMetricFamily(
+            "fleetgate_inflight_requests", "Requests in flight per replica.", labels=labels
+        )
+        inflight_mu = GaugeMetricFamily(
+            "fleetgate_inflight_mu", "Estimated model units in flight per replica.", labels=labels
+        )
+        healthy = GaugeMetricFamily(
+            "fleetgate_replica_routable", "1 when the replica receives new requests.", labels=labels
+        )
+        waiting = GaugeMetricFamily(
+            "fleetgate_engine_waiting", "Engine-reported waiting requests.", labels=labels
+        )
+        running = GaugeMetricFamily(
+            "fleetgate_engine_running", "Engine-reported running requests.", labels=labels
+        )
+        kv = GaugeMetricFamily(
+            "fleetgate_engine_kv_usage", "Engine-reported KV-cache usage (0..1).", labels=labels
+        )
+        for deployment, replica in self._fleet.replicas():
+            key = [deployment.model, replica.name]
+            inflight.add_metric(key, replica.inflight_requests)
+            inflight_mu.add_metric(key, replica.inflight_mu)
+            healthy.add_metric(key, 1.0 if replica.snapshot().routable else 0.0)
+            engine = replica.engine
+            if engine is not None:
+                if engine.waiting is not None:
+                    waiting.add_metric(key, engine.waiting)
+                if engine.running is not None:
+                    running.add_metric(key, engine.running)
+                if engine.kv_usage is not None:
+                    kv.add_metric(key, engine.kv_usage)
+        yield from (inflight, inflight_mu, healthy, waiting, running, kv)

@@ -1,0 +1,451 @@
+"""The data path: authenticate -> parse -> estimate -> admit -> route -> upstream -> stream back -> settle.
+
+Hot-path rules: the request body is forwarded as received unless the gateway must change it (upstream model
+name, asking the engine for stream usage); response bytes are forwarded as received, chunk by chunk; only the
+events that mention ``usage``/``error`` are JSON-decoded (``core.openai.StreamTracker``).
+
+Reliability: nothing is sent to the client until the first upstream bytes arrived, so every failure before
+that (refused connection, HTTP 5xx/429, timeout, empty stream) is retried on another replica, up to
+``max_attempts``. After the first byte a failure ends the stream with one SSE error event. A client that goes
+away cancels the handler (aiohttp ``handler_cancellation``), which closes the upstream connection, which the
+engine sees as an abort. Every admitted request is settled (it ran) or released (it never ran).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from fleetgate.config import GatewayConfig
+from fleetgate.core.errors import (
+    FleetgateError,
+    ServiceUnavailableError,
+    UpstreamError,
+    UpstreamTimeoutError,
+)
+from fleetgate.core.openai import (
+    Endpoint,
+    ParsedRequest,
+    StreamTracker,
+    load_json_body,
+    parse_request,
+    usage_from_body,
+    with_stream_usage,
+)
+from fleetgate.core.types import RandomSource, RequestInfo, Usage
+from fleetgate.engines.client import UpstreamClient
+from fleetgate.gateway.admission import (
+    Admission,
+    admission_clock,
+    tenant_name,
+    tenant_priority,
+    ticket_headers,
+)
+from fleetgate.gateway.errors import (
+    REQUEST_ID_HEADER,
+    error_response,
+    payload_too_large,
+    sse_error_event,
+    upstream_rejection,
+)
+from fleetgate.gateway.fleet import Deployment, Fleet, ReplicaState
+from fleetgate.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("fleetgate.gateway")
+
+PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+#: Called after every attempt: (deployment, replica, ok, now). For the prober's evidence of progress.
+ResultListener = Callable[[str, str, bool, float], None]
+
+
+@dataclass(slots=True)
+class _Call:
+    """What one client request did, for metrics and settlement."""
+
+    replica: ReplicaState | None = None
+    ran: bool = False  # the engine produced output for the client (settle rather than release)
+    ok: bool = False  # the replica behaved (no upstream failure)
+    client_gone: bool = False
+    usage: Usage | None = None
+    output_events: int = 0
+    status: int = 500
+    error_kind: str | None = None
+    start: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)  # from admission (x-ratelimit-*)
+    attempts: list[str] = field(default_factory=list)
+
+
+class Proxy:
+    """Request handlers for the OpenAI endpoints. Holds no module state: everything is injected."""
+
+    def __init__(
+        self,
+        *,
+        config: GatewayConfig,
+        fleet: Fleet,
+        client: UpstreamClient,
+        metrics: GatewayMetrics,
+        admission: Admission,
+        rng: RandomSource,
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.fleet = fleet
+        self.client = client
+        self.metrics = metrics
+        self.admission = admission
+        self.admission_clock = admission_clock(admission, clock)
+        self.rng = rng
+        self.clock = clock
+        self.listeners: list[ResultListener] = []
+        self.shutting_down = False
+        self.active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifecycle helpers --------------------------------------------------------------------------------
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight (graceful shutdown); False when ``timeout_s`` ran out."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    # -- handlers -----------------------------------------------------------------------------------------
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, "completions")
+
+    async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        start = self.clock()
+        request_id: str = request["request_id"]
+        call = _Call(start=start)
+        deployment: Deployment | None = None
+        self.active += 1
+        self._idle.clear()
+        try:
+            tenant = self.admission.authenticate(request.headers.get("Authorization"))
+            parsed = parse_request(load_json_body(await self._read_body(request)), endpoint)
+            deployment = self.fleet.get(parsed.model)
+            info = self._request_info(parsed, deployment, tenant, request, request_id, start)
+            ticket = await self.admission.admit(tenant, info, self.admission_clock())
+            call.headers = ticket_headers(ticket)
+            try:
+                response = await self._dispatch(request, deployment, parsed, info, call)
+            finally:
+                await self._finish_admission(ticket, tenant, deployment, info, call)
+            call.status = response.status
+            return response
+        except FleetgateError as exc:
+            call.status = exc.status
+            call.error_kind = call.error_kind or _error_kind(exc)
+            return error_response(exc, request_id)
+        except asyncio.CancelledError:
+            call.status = 499
+            call.client_gone = True
+            call.error_kind = call.error_kind or "client_disconnect"
+            raise
+        finally:
+            self.active -= 1
+            if self.active == 0:
+                self._idle.set()
+            self._record(endpoint, deployment, call, start)
+
+    def _request_info(
+        self,
+        parsed: ParsedRequest,
+        deployment: Deployment,
+        tenant: Any,
+        request: web.Request,
+        request_id: str,
+        now: float,
+    ) -> RequestInfo:
+        name = tenant_name(tenant)
+        profile = deployment.profile
+        p90 = self.fleet.output_history.p90(name)
+        expected = profile.expected_output_tokens(parsed.max_output_tokens, p90)
+        cost = profile.cost(parsed.input_tokens, expected)
+        return parsed.request_info(
+            request_id,
+            tenant=name,
+            cost_mu=cost,
+            estimated_output_tokens=int(expected),
+            priority=tenant_priority(tenant),
+            session_key=request.headers.get("x-session-id") or parsed.body.get("user") or None,
+            arrival_s=now,
+        )
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise payload_too_large(limit)
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise payload_too_large(limit) from exc
+
+    def _upstream_body(self, parsed: ParsedRequest, deployment: Deployment) -> tuple[bytes | None, bool]:
+        """The body to send (``None``: forward the client's bytes) and whether to strip injected usage."""
+        body: dict[str, Any] | None = None
+        strip = False
+        if deployment.upstream_model != parsed.model:
+            body = {**parsed.body, "model": deployment.upstream_model}
+        if parsed.stream and not parsed.include_usage and self.config.stream_usage:
+            body = with_stream_usage(body or parsed.body)
+            strip = True
+        return (orjson.dumps(body) if body is not None else None), strip
+
+    async def _dispatch(
+        self,
+        request: web.Request,
+        deployment: Deployment,
+        parsed: ParsedRequest,
+        info: RequestInfo,
+        call: _Call,
+    ) -> web.StreamResponse:
+        new_body, strip = self._upstream_body(parsed, deployment)
+        body = new_body if new_body is not None else await request.read()  # cached by aiohttp
+        exclude: set[str] = set()
+        last: UpstreamError | None = None
+        for _ in range(self.config.max_attempts):
+            try:
+                decision = deployment.pick(info, self.clock(), self.rng, frozenset(exclude))
+            except ServiceUnavailableError:
+                if last is not None:
+                    break
+                raise
+            replica = deployment.replicas.get(decision.replica)
+            if replica is None:  # removed between snapshot and lookup
+                exclude.add(decision.replica)
+                continue
+            call.replica = replica
+            call.attempts.append(replica.name)
+            call.ok = False
+            replica.begin(info.cost_mu)
+            deployment.policy.on_dispatch(info, replica.name, self.clock())
+            try:
+                return await self._attempt(request, deployment, replica, parsed, body, strip, call)
+            except UpstreamError as exc:
+                last = exc
+                exclude.add(replica.name)
+                self.metrics.retries.labels(deployment.model, replica.name).inc()
+                log.warning("request %s: replica %s failed before the first byte: %s", info.request_id,
+                            replica.name, exc.message)  # fmt: skip
+            finally:
+                self._attempt_done(deployment, replica, info, call)
+        if last is None:
+            raise ServiceUnavailableError(
+                f"no replica of {deployment.model!r} is available", retry_after_s=1.0
+            )
+        call.error_kind = _error_kind(last)
+        tried = ", ".join(call.attempts)
+        last.message = f"{last.message} (tried {len(call.attempts)} replica(s): {tried})"
+        last.args = (last.message,)
+        raise last
+
+    def _attempt_done(
+        self, deployment: Deployment, replica: ReplicaState, info: RequestInfo, call: _Call
+    ) -> None:
+        now = self.clock()
+        neutral = call.client_gone  # the client left: says nothing about the replica
+        ok = call.ok or neutral
+        cost = deployment.profile.settle(call.usage) if call.usage is not None else info.cost_mu
+        replica.end(info.cost_mu, ok, now)
+        deployment.policy.on_complete(info, replica.name, now, cost, ok)
+        for listener in self.listeners:
+            listener(deployment.model, replica.name, ok, now)
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        deployment: Deployment,
+        replica: ReplicaState,
+        parsed: ParsedRequest,
+        body: bytes,
+        strip: bool,
+        call: _Call,
+    ) -> web.StreamResponse:
+        request_id: str = request["request_id"]
+        url = replica.url + PATHS[parsed.endpoint]
+        headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id}
+        timeout_s = self.config.first_byte_timeout_s
+        tracker = StreamTracker(strip_usage=strip)
+        first = b""
+        try:
+            async with asyncio.timeout(timeout_s):
+                upstream = await self.client.post(url, body, headers)
+                try:
+                    if upstream.status != 200:
+                        raw = await upstream.read()
+                        rejection = upstream_rejection(upstream.status, raw)
+                        if rejection is not None:  # the engine judged the request itself bad: no retry
+                            call.ok = True
+                            raise rejection
+                        raise UpstreamError(
+                            f"replica {replica.name} answered HTTP {upstream.status}",
+                            upstream_status=upstream.status,
+                        )
+                    if not parsed.stream:
+                        raw = await upstream.read()
+                        call.ok = call.ran = True
+                        call.usage = usage_from_body(raw)
+                        ctype = upstream.headers.get("Content-Type", "application/json")
+                        return web.Response(
+                            body=raw,
+                            status=200,
+                            headers={**call.headers, "Content-Type": ctype, REQUEST_ID_HEADER: request_id},
+                        )
+                    while not first:
+                        chunk = await upstream.content.readany()
+                        if not chunk:
+                            raise UpstreamError(f"replica {replica.name} closed the stream before any event")
+                        first = tracker.feed(chunk)
+                except BaseException:
+                    upstream.close()
+                    raise
+        except TimeoutError as exc:
+            raise UpstreamTimeoutError(f"replica {replica.name} sent nothing within {timeout_s:g} s") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamError(f"replica {replica.name} failed: {exc.__class__.__name__}: {exc}") from exc
+        return await self._stream(request, replica, upstream, tracker, first, call, deployment)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        replica: ReplicaState,
+        upstream: aiohttp.ClientResponse,
+        tracker: StreamTracker,
+        first: bytes,
+        call: _Call,
+        deployment: Deployment,
+    ) -> web.StreamResponse:
+        """Relay an upstream SSE stream whose first bytes arrived; from here on errors are in-band."""
+        headers = {**call.headers, **_SSE_HEADERS, REQUEST_ID_HEADER: request["request_id"]}
+        response = web.StreamResponse(status=200, headers=headers)
+        call.ran = True
+        error: FleetgateError | None = None
+        loop = asyncio.get_running_loop()
+        idle = self.config.stream_idle_timeout_s
+        content = upstream.content
+        # When the upstream has already ended, the rest goes out with the end of the response in one write.
+        tail = first
+        try:
+            await response.prepare(request)
+            if not content.at_eof():
+                await response.write(first)
+                tail = b""
+            self.metrics.replica(deployment.model, replica.name).ttft.observe(self.clock() - call.start)
+            try:
+                async with asyncio.timeout(None) as deadline:
+                    while not tail and not content.at_eof():
+                        deadline.reschedule(loop.time() + idle)
+                        chunk = await content.readany()
+                        if not chunk:
+                            break
+                        out = tracker.feed(chunk)
+                        if content.at_eof():
+                            tail = out
+                        elif out:
+                            try:
+                                await response.write(out)
+                            except ConnectionResetError as exc:
+                                raise _ClientGoneError from exc
+            except TimeoutError:
+                error = UpstreamTimeoutError(
+                    f"replica {replica.name} stream stalled for {idle:g} s", retryable=False
+                )
+            except (aiohttp.ClientError, OSError) as exc:
+                error = UpstreamError(
+                    f"replica {replica.name} stream broke: {exc.__class__.__name__}", retryable=False
+                )
+            if error is None and tracker.truncated:
+                error = UpstreamError(f"replica {replica.name} ended the stream early", retryable=False)
+            if error is not None:
+                call.error_kind = _error_kind(error)
+                log.warning("request %s: %s", request["request_id"], error.message)
+                tail += sse_error_event(error)
+            else:
+                call.ok = True
+            await response.write_eof(tail)
+        except (_ClientGoneError, ConnectionResetError):
+            call.client_gone = True
+            call.error_kind = "client_disconnect"
+        except asyncio.CancelledError:
+            call.client_gone = not self.shutting_down
+            if self.shutting_down:
+                call.error_kind = "shutdown"
+                try:
+                    response.force_close()
+                    await response.write(
+                        sse_error_event(ServiceUnavailableError("The gateway is shutting down."))
+                    )
+                except Exception:
+                    pass
+            raise
+        finally:
+            call.usage = tracker.usage
+            call.output_events = tracker.data_events
+            if call.ok:
+                upstream.release()
+            else:
+                upstream.close()
+        return response
+
+    async def _finish_admission(
+        self, ticket: Any, tenant: Any, deployment: Deployment, info: RequestInfo, call: _Call
+    ) -> None:
+        """Settle what ran (real cost from usage, else an estimate from what streamed) or release."""
+        if not call.ran:
+            self.admission.release(ticket)
+            return
+        usage = call.usage
+        if usage is None:
+            usage = Usage(prompt_tokens=info.input_tokens, completion_tokens=call.output_events)
+        actual = deployment.profile.settle(usage)
+        if call.usage is not None:
+            self.fleet.output_history.observe(info.tenant, usage.completion_tokens)
+        # shielded: a client that leaves right now must not cancel the bookkeeping
+        now = self.admission_clock()
+        await asyncio.shield(
+            asyncio.ensure_future(self.admission.settle(ticket, actual, now, usage=call.usage))
+        )
+
+    def _record(self, endpoint: str, deployment: Deployment | None, call: _Call, start: float) -> None:
+        dep = deployment.model if deployment is not None else "unknown"
+        rep = call.replica.name if call.replica is not None else ""
+        self.metrics.requests.labels(dep, rep, endpoint, str(call.status)).inc()
+        if call.error_kind is not None:
+            self.metrics.errors.labels(dep, rep, call.error_kind).inc()
+        if deployment is not None and call.replica is not None:
+            children = self.metrics.replica(dep, rep)
+            children.e2e.observe(self.clock() - start)
+            if call.usage is not None:
+                children.prompt_tokens.inc(call.usage.prompt_tokens)
+                children.generation_tokens.inc(call.usage.completion_tokens)
+
+
+class _ClientGoneError(Exception):
+    """Writing to the client failed: it disconnected."""
+
+
+def _error_kind(exc: FleetgateError) -> str:
+    if isinstance(exc, UpstreamTimeoutError):
+        return "upstream_timeout"
+    if isinstance(exc, UpstreamError):
+        return "upstream_error"
+    return exc.code or exc.error_type

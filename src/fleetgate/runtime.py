@@ -1,0 +1,220 @@
+"""Composition root: builds every live object from the config and runs their lifecycles.
+
+Nothing else in the package constructs long-lived objects from config or touches process signals: tests and
+the CLI both come through here (``build_gateway`` for an in-process gateway, ``serve``/``up`` for whole
+processes). No singletons: each call builds a fresh, independent set of objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from fleetgate.config import DeploymentConfig, FleetgateConfig, ReplicaConfig
+from fleetgate.core.types import RandomSource
+from fleetgate.engines.client import UpstreamClient
+from fleetgate.engines.scraper import MetricsScraper
+from fleetgate.gateway.admission import Admission, OpenAdmission
+from fleetgate.gateway.app import create_app
+from fleetgate.gateway.fleet import Deployment, Fleet, build_deployment
+from fleetgate.gateway.metrics import GatewayMetrics
+from fleetgate.gateway.proxy import Proxy
+from fleetgate.gateway.server import GatewayServer
+from fleetgate.providers.base import ReplicaInfo
+from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
+
+log = logging.getLogger("fleetgate")
+
+
+def build_admission(cfg: FleetgateConfig, registry: CollectorRegistry | None = None) -> Admission:
+    """Tenant admission (``fleetgate.admission``) when tenants or admin keys are configured, else open."""
+    if not cfg.tenants and not cfg.admission.admin_api_keys:
+        return OpenAdmission()
+    from fleetgate.admission.service import AdmissionService
+
+    return AdmissionService.from_config(cfg, registry=registry)
+
+
+def build_gateway(
+    cfg: FleetgateConfig,
+    *,
+    admission: Admission | None = None,
+    rng: RandomSource | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+) -> GatewayServer:
+    """Every gateway object, wired: fleet, upstream client, metrics, admission, proxy, app, scraper."""
+    gw = cfg.gateway
+    rng = rng if rng is not None else random.Random()
+    fleet = Fleet(build_deployment(d) for d in cfg.deployments)
+    client = UpstreamClient(connect_timeout_s=gw.connect_timeout_s)
+    metrics = GatewayMetrics(fleet)
+    proxy = Proxy(
+        config=gw,
+        fleet=fleet,
+        client=client,
+        metrics=metrics,
+        admission=admission if admission is not None else build_admission(cfg, metrics.registry),
+        rng=rng,
+        clock=clock,
+    )
+    app = create_app(
+        proxy=proxy, fleet=fleet, metrics=metrics, max_body_bytes=gw.max_body_bytes, created=int(wall_clock())
+    )
+    scraper = MetricsScraper(client, interval_s=gw.scrape_interval_s, timeout_s=gw.scrape_timeout_s, rng=rng)
+    return GatewayServer(config=gw, app=app, proxy=proxy, fleet=fleet, client=client, scraper=scraper)
+
+
+async def drain_replica(deployment: Deployment, name: str, timeout_s: float) -> None:
+    """Stop routing to ``name`` and wait (bounded) until its in-flight requests finished."""
+    replica = deployment.replicas.get(name)
+    if replica is None:
+        return
+    replica.draining = True
+    if replica.inflight_requests == 0:
+        return
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    replica.idle_waiters.append(wake)
+    try:
+        await asyncio.wait_for(done, timeout_s)
+    except TimeoutError:
+        left = replica.inflight_requests
+        log.warning("replica %s still has %d request(s) after draining %.0f s", name, left, timeout_s)
+
+
+def sync_deployment(server: GatewayServer, deployment: Deployment, infos: Sequence[ReplicaInfo]) -> None:
+    """Make the deployment's replicas match a provider's list (add, re-point, remove), then the scrapers."""
+    wanted = {info.name: info for info in infos}
+    for name in list(deployment.replicas):
+        if name not in wanted:
+            deployment.remove_replica(name)
+    for info in infos:
+        state = deployment.add_replica(info.name, info.url)
+        state.draining = False
+    server.sync_replicas()
+
+
+# -- process entry points ---------------------------------------------------------------------------------
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+
+        uvloop.run(main)
+    except ImportError:  # pragma: no cover - non-Linux fallback
+        asyncio.run(main)
+
+
+async def _wait_for_signal() -> int:
+    loop = asyncio.get_running_loop()
+    got: asyncio.Future[int] = loop.create_future()
+
+    def handler(sig: int) -> None:
+        if not got.done():
+            got.set_result(sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, handler, int(sig))
+    try:
+        return await got
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def serve(cfg: FleetgateConfig) -> None:
+    """Run the gateway until SIGTERM/SIGINT, then drain and stop."""
+    server = build_gateway(cfg)
+    url = await server.start()
+    print(f"fleetgate ready on {url}", flush=True)
+    sig = await _wait_for_signal()
+    log.info("signal %d: draining (grace %.0f s)", sig, cfg.gateway.shutdown_grace_s)
+    await server.stop()
+
+
+def run_serve(cfg: FleetgateConfig) -> None:
+    """``fleetgate serve``."""
+    _run(serve(cfg))
+
+
+def _up_config(cfg: FleetgateConfig, model: str, infos: Sequence[ReplicaInfo]) -> FleetgateConfig:
+    """The config with ``model``'s deployment served by the local replicas (its other settings kept)."""
+    replicas = [ReplicaConfig(name=i.name, url=i.url) for i in infos]
+    existing = cfg.deployment(model)
+    if existing is not None:
+        deployment = existing.model_copy(update={"replicas": replicas})
+    else:
+        deployment = DeploymentConfig(model=model, replicas=replicas)
+    others = [d for d in cfg.deployments if d.model != model]
+    return cfg.model_copy(update={"deployments": [*others, deployment]})
+
+
+async def up(cfg: FleetgateConfig, *, replicas: int, port: int, model: str) -> None:
+    """The embedded default: ``replicas`` local simulated engines plus the gateway, until a signal."""
+    local = cfg.local
+    command = local.command if local.command is not None else sim_engine_command(local.engine_args)
+    holder: dict[str, Any] = {}
+
+    async def drain_hook(name: str, timeout_s: float) -> None:
+        if "deployment" in holder:
+            await drain_replica(holder["deployment"], name, timeout_s)
+
+    def on_change(infos: Sequence[ReplicaInfo]) -> None:
+        if "server" in holder:
+            sync_deployment(holder["server"], holder["deployment"], infos)
+
+    provider = LocalProcessProvider(
+        model=model,
+        command=command,
+        url_from_output=local.command is None,
+        ready_timeout_s=local.ready_timeout_s,
+        stop_timeout_s=local.stop_timeout_s,
+        on_change=on_change,
+        drain_hook=drain_hook,
+    )
+    server: GatewayServer | None = None
+    try:
+        infos = await provider.scale_to(replicas)
+        for info in infos:
+            print(f"replica {info.name} {info.url}", flush=True)
+        full = _up_config(cfg, model, infos)
+        server = build_gateway(full)
+        holder.update(server=server, deployment=server.fleet.get(model), provider=provider)
+        url = await server.start(port)
+        print(f"fleetgate ready on {url}", flush=True)
+        print(
+            f"try: curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
+            f'-d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'',
+            flush=True,
+        )
+        sig = await _wait_for_signal()
+        log.info("signal %d: stopping gateway and %d replica(s)", sig, len(infos))
+    finally:
+        if server is not None:
+            await server.stop()
+        await provider.stop_all()
+
+
+def run_up(
+    cfg: FleetgateConfig, *, replicas: int = 2, port: int = 8080, model: str = "fleetgate-sim"
+) -> None:
+    """``fleetgate up``."""
+    try:
+        _run(up(cfg, replicas=replicas, port=port, model=model))
+    except KeyboardInterrupt:  # pragma: no cover - a second Ctrl-C during shutdown
+        sys.exit(130)

@@ -1,0 +1,493 @@
+"""Discrete-event fleet simulator: the live gateway's routing, cost and autoscaling objects on a simulated clock.
+
+Vidur's vocabulary: *entities* (``SimRequest``, ``SimReplica``; ``sim.entities``), *events* on one heap
+ordered by ``(time, sequence number)`` (the number is per run, so ties resolve in insertion order and runs are
+reproducible), a *global scheduler* (the router: a ``RoutingPolicy`` from ``core.routing.registry``, called
+exactly as the gateway calls it) and *replica schedulers* (each replica's engine performance model, advanced
+one **batch change** at a time through its macro step instead of one token at a time).
+
+What the router sees is what the live gateway sees: ``ReplicaSnapshot`` built from the gateway's own
+in-flight counters (updated at dispatch and settle) plus engine metrics "scraped" every ``scrape_interval_s``.
+Request costs come from ``core.units.CostProfile`` (estimate before, settle after) with the output length
+estimated from the tenant's observed p90 (``core.units.OutputHistory``), as in the gateway.
+
+Nothing global: randomness is a ``random.Random(seed)`` owned by the run, ids come from an injected factory.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from fleetgate.core.autoscale import AutoscaleContext, Autoscaler
+from fleetgate.core.errors import ServiceUnavailableError
+from fleetgate.core.routing.base import RoutingPolicy
+from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage
+from fleetgate.core.units import CostProfile, OutputHistory
+from fleetgate.sim import metrics as M
+from fleetgate.sim.entities import EngineModel, EventKind, ReplicaState, SimReplica, SimRequest
+from fleetgate.simengine.perfmodel import EngineRequest, StepResult
+from fleetgate.sim.traces import Trace
+
+ARRIVAL = int(EventKind.ARRIVAL)
+ENGINE_STEP = int(EventKind.ENGINE_STEP)
+REPLICA_READY = int(EventKind.REPLICA_READY)
+AUTOSCALE_TICK = int(EventKind.AUTOSCALE_TICK)
+SCRAPE_TICK = int(EventKind.SCRAPE_TICK)
+
+
+class Admission(Protocol):
+    """Optional admission control in front of the router (rate limits, queue caps). ``True`` admits."""
+
+    def admit(self, request: RequestInfo, now: float) -> bool: ...
+
+    def settle(self, request: RequestInfo, cost_mu: float, now: float) -> None: ...
+
+
+def default_ids(prefix: str) -> Callable[[int], str]:
+    """Deterministic ids: ``r0, r1, ...`` / ``replica-0, ...``."""
+    return lambda i: f"{prefix}{i}"
+
+
+@dataclass(slots=True)
+class SimConfig:
+    """Knobs of one discrete-event run (defaults are what ``fleetgate simulate`` uses)."""
+
+    replicas: int = 4
+    seed: int = 0
+    model: str = "sim-model"
+    cold_start_s: float = 180.0
+    scrape_interval_s: float = 1.0
+    autoscale_interval_s: float = 10.0
+    min_replicas: int = 0
+    max_replicas: int = 1024
+    slo_ttft_p95_s: float | None = None
+    progress: Callable[[int, int], None] | None = None
+    progress_every: int = 2000
+    request_ids: Callable[[int], str] = field(default_factory=lambda: default_ids("r"))
+    replica_ids: Callable[[int], str] = field(default_factory=lambda: default_ids("replica-"))
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Per-request arrays plus fleet time series; ``summary()`` turns them into the JSON report."""
+
+    summary: dict[str, Any]
+    arrival_s: np.ndarray
+    ttft_s: np.ndarray
+    e2e_s: np.ndarray
+    replica_of: np.ndarray
+    window_load: np.ndarray
+    replica_names: list[str]
+    replicas_over_time: list[tuple[float, int, int]]
+
+
+class Simulator:
+    """One discrete-event run of a trace through gateway -> router -> replicas (-> autoscaler)."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        policy: RoutingPolicy,
+        profile: CostProfile,
+        engine_factory: Callable[[str], EngineModel],
+        config: SimConfig,
+        *,
+        autoscaler: Autoscaler | None = None,
+        admission: Admission | None = None,
+    ) -> None:
+        self.trace = trace
+        self.policy = policy
+        self.profile = profile
+        self.engine_factory = engine_factory
+        self.cfg = config
+        self.autoscaler = autoscaler
+        self.admission = admission
+        self.rng = random.Random(config.seed)
+        self.history = OutputHistory()
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._seq = 0
+        self.now = 0.0
+        self.replicas: list[SimReplica] = []
+        self._snapshots: list[ReplicaSnapshot] = []
+        self._snap_stale = True
+        self._scale_state: Any = None
+        self._settled: deque[tuple[float, float]] = deque()
+        self._settled_sum = 0.0
+        self._inflight_total_mu = 0.0
+        self._inflight_total_req = 0
+        self._active: dict[str, SimRequest] = {}
+        self._too_large = 0
+        self._fits: Callable[[int, int], bool] | None = None
+        n = len(trace.requests)
+        self._first = np.full(n, np.nan)
+        self._done = np.full(n, np.nan)
+        self._replica_of = np.full(n, -1, dtype=np.int64)
+        self._cached = np.zeros(n, dtype=np.int64)
+        self._cost = np.zeros(n)
+        self._dispatch = np.full(n, np.nan)
+        self._rejected = 0
+        self._replica_series: list[tuple[float, int, int]] = []
+
+    # ----------------------------------------------------------------------------------------- heap
+
+    def _push(self, t: float, kind: int, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, payload))
+
+    # ----------------------------------------------------------------------------------------- replicas
+
+    def _add_replica(self, now: float, ready: bool) -> SimReplica:
+        idx = len(self.replicas)
+        name = self.cfg.replica_ids(idx)
+        rep = SimReplica(idx, name, self.engine_factory(name), self.profile.capacity_mu_per_min)
+        rep.provisioned_s = now
+        if ready:
+            rep.state = ReplicaState.READY
+            rep.ready_s = now
+        else:
+            self._push(now + self.cfg.cold_start_s, REPLICA_READY, rep)
+        self.replicas.append(rep)
+        self._snap_stale = True
+        return rep
+
+    def _live(self) -> list[SimReplica]:
+        return [r for r in self.replicas if r.state in (ReplicaState.STARTING, ReplicaState.READY)]
+
+    def _record_replicas(self, now: float) -> None:
+        ready = sum(1 for r in self.replicas if r.state == ReplicaState.READY)
+        total = sum(1 for r in self.replicas if r.state != ReplicaState.STOPPED)
+        if self._replica_series and self._replica_series[-1][0] == now:
+            self._replica_series[-1] = (now, ready, total)
+        else:
+            self._replica_series.append((now, ready, total))
+
+    def _scale_to(self, desired: int, now: float) -> None:
+        live = self._live()
+        if desired > len(live):
+            for _ in range(desired - len(live)):
+                self._add_replica(now, ready=False)
+        elif desired < len(live):
+            # Drop starting replicas first (newest first), then drain the least loaded ready ones.
+            victims = sorted(
+                live, key=lambda r: (r.state != ReplicaState.STARTING, r.inflight_requests, -r.idx)
+            )[: len(live) - desired]
+            for rep in victims:
+                rep.state = ReplicaState.DRAINING
+                rep.dirty = True
+                self._maybe_stop(rep, now)
+            self._snap_stale = True
+        self._record_replicas(now)
+
+    def _maybe_stop(self, rep: SimReplica, now: float) -> None:
+        if rep.state == ReplicaState.DRAINING and rep.inflight_requests == 0:
+            rep.state = ReplicaState.STOPPED
+            rep.stopped_s = now
+            self._snap_stale = True
+
+    # ----------------------------------------------------------------------------------------- routing
+
+    def snapshots(self) -> list[ReplicaSnapshot]:
+        """Snapshots of every non-stopped replica, rebuilding only the ones whose counters changed."""
+        if self._snap_stale:
+            self._visible = [r for r in self.replicas if r.state != ReplicaState.STOPPED]
+            self._snap_stale = False
+            self._snapshots = [r.make_snapshot() for r in self._visible]
+            return self._snapshots
+        snaps = self._snapshots
+        for i, r in enumerate(self._visible):
+            if r.dirty:
+                snaps[i] = r.make_snapshot()
+        return snaps
+
+    def _request_info(self, idx: int) -> RequestInfo:
+        tr = self.trace.requests[idx]
+        p90 = self.history.p90(tr.tenant)
+        est_out = self.profile.expected_output_tokens(None, p90)
+        cost = self.profile.cost(tr.input_tokens, est_out)
+        return RequestInfo(
+            request_id=self.cfg.request_ids(idx),
+            model=self.cfg.model,
+            tenant=tr.tenant,
+            input_tokens=tr.input_tokens,
+            estimated_output_tokens=int(est_out),
+            cost_mu=cost,
+            prefix_hashes=tr.hash_ids,
+            prefix_block_tokens=tr.block_tokens,
+            session_key=tr.session,
+            arrival_s=tr.arrival_s,
+        )
+
+    def _on_arrival(self, idx: int, now: float) -> None:
+        info = self._request_info(idx)
+        tr = self.trace.requests[idx]
+        out_tokens = max(1, tr.output_tokens)
+        if self._fits is not None and not self._fits(tr.input_tokens, out_tokens):
+            self._too_large += 1  # the gateway answers 400 (context length exceeded) before routing
+            self._rejected += 1
+            return
+        if self.admission is not None and not self.admission.admit(info, now):
+            self._rejected += 1
+            return
+        try:
+            decision = self.policy.pick(info, self.snapshots(), now, self.rng)
+        except ServiceUnavailableError:
+            self._rejected += 1
+            return
+        rep = self._by_name(decision.replica)
+        req = SimRequest(idx, info, info.cost_mu, rep.idx, now)
+        self._active[info.request_id] = req
+        self.policy.on_dispatch(info, rep.name, now)
+        rep.inflight_requests += 1
+        rep.inflight_mu += info.cost_mu
+        rep.dirty = True
+        self._inflight_total_mu += info.cost_mu
+        self._inflight_total_req += 1
+        self._dispatch[idx] = now
+        self._replica_of[idx] = rep.idx
+        eng = rep.engine
+        self._handle_outputs(rep, eng.advance(now))
+        eng.submit(
+            EngineRequest(info.request_id, tr.input_tokens, out_tokens, tr.hash_ids, 0, tr.block_tokens), now
+        )
+        self._reschedule(rep)
+
+    def _by_name(self, name: str) -> SimReplica:
+        try:
+            return self._name_index[name]
+        except (AttributeError, KeyError):
+            self._name_index = {r.name: r for r in self.replicas}
+            return self._name_index[name]
+
+    # ----------------------------------------------------------------------------------------- engines
+
+    def _reschedule(self, rep: SimReplica) -> None:
+        t = rep.engine.next_event_time()
+        if t is None:
+            rep.scheduled_s = None
+            return
+        if rep.scheduled_s is not None and rep.scheduled_s == t:
+            return  # the pending event is still right
+        rep.version += 1
+        rep.scheduled_s = t
+        self._push(t, ENGINE_STEP, (rep, rep.version))
+
+    def _handle_outputs(self, rep: SimReplica, res: StepResult) -> None:
+        active = self._active
+        if res.cached_tokens:
+            for rid, cached in res.cached_tokens.items():
+                self._cached[active[rid].idx] = cached
+        if res.first_token:
+            for rid, t in res.first_token.items():
+                self._first[active[rid].idx] = t
+        if res.finished:
+            for rid, t in sorted(res.finished.items(), key=lambda kv: kv[1]):
+                self._finish(rep, rid, t)
+
+    def _finish(self, rep: SimReplica, rid: str, t: float) -> None:
+        req = self._active.pop(rid)
+        i = req.idx
+        tr = self.trace.requests[i]
+        if math.isnan(self._first[i]):
+            self._first[i] = t
+        self._done[i] = t
+        cost = self.profile.settle(
+            Usage(prompt_tokens=tr.input_tokens, completion_tokens=tr.output_tokens, cached_tokens=int(self._cached[i]))
+        )
+        self._cost[i] = cost
+        rep.inflight_requests -= 1
+        rep.inflight_mu -= req.est_mu
+        if rep.inflight_requests == 0:
+            rep.inflight_mu = 0.0  # no float drift
+        rep.dirty = True
+        self._inflight_total_mu -= req.est_mu
+        self._inflight_total_req -= 1
+        self._settled.append((t, cost))
+        self._settled_sum += cost
+        self.history.observe(tr.tenant, tr.output_tokens)
+        self.policy.on_complete(req.info, rep.name, t, cost, True)
+        if self.admission is not None:
+            self.admission.settle(req.info, cost, t)
+        self._maybe_stop(rep, t)
+
+    # ----------------------------------------------------------------------------------------- autoscaling
+
+    def _autoscale(self, now: float) -> None:
+        assert self.autoscaler is not None
+        while self._settled and self._settled[0][0] < now - 60.0:
+            self._settled_sum -= self._settled.popleft()[1]
+        ready = sum(1 for r in self.replicas if r.state == ReplicaState.READY)
+        starting = sum(1 for r in self.replicas if r.state == ReplicaState.STARTING)
+        ctx = AutoscaleContext(
+            now_s=now,
+            current_replicas=ready + starting,
+            ready_replicas=ready,
+            starting_replicas=starting,
+            capacity_mu_per_min=self.profile.capacity_mu_per_min,
+            settled_mu_per_min=max(0.0, self._settled_sum),
+            inflight_mu=max(0.0, self._inflight_total_mu),
+            inflight_requests=float(self._inflight_total_req),
+            policy_state=self._scale_state,
+        )
+        desired, self._scale_state = self.autoscaler.decide(ctx)
+        desired = max(self.cfg.min_replicas, min(self.cfg.max_replicas, int(desired)))
+        if desired != ready + starting:
+            self._scale_to(desired, now)
+
+    # ----------------------------------------------------------------------------------------- main loop
+
+    def run(self) -> RunResult:
+        """Simulate every request of the trace to completion and return the results."""
+        wall0 = time.perf_counter()
+        reqs = self.trace.requests
+        n = len(reqs)
+        for _ in range(self.cfg.replicas):
+            self._add_replica(0.0, ready=True)
+        probe = self.replicas[0].engine if self.replicas else self.engine_factory("probe")
+        self._fits = getattr(probe, "fits", None)
+        self._record_replicas(0.0)
+        if n:
+            self._push(reqs[0].arrival_s, ARRIVAL, 0)
+        if self.cfg.scrape_interval_s > 0:
+            self._push(0.0, SCRAPE_TICK, None)
+        if self.autoscaler is not None:
+            self._push(0.0, AUTOSCALE_TICK, None)
+        heap = self._heap
+        pop = heapq.heappop
+        progress = self.cfg.progress
+        every = max(1, self.cfg.progress_every)
+        arrived = 0
+        scrape_iv = self.cfg.scrape_interval_s
+        while heap:
+            t, _, kind, payload = pop(heap)
+            self.now = t
+            if kind == ENGINE_STEP:
+                rep, version = payload
+                if version != rep.version:
+                    continue
+                rep.scheduled_s = None
+                self._handle_outputs(rep, rep.engine.advance(t))
+                self._reschedule(rep)
+            elif kind == ARRIVAL:
+                idx = payload
+                if idx + 1 < n:
+                    self._push(reqs[idx + 1].arrival_s, ARRIVAL, idx + 1)
+                if scrape_iv <= 0:
+                    for r in self.replicas:
+                        r.scrape()
+                self._on_arrival(idx, t)
+                arrived += 1
+                if progress is not None and arrived % every == 0:
+                    progress(arrived, n)
+            elif kind == SCRAPE_TICK:
+                for r in self.replicas:
+                    if r.state != ReplicaState.STOPPED:
+                        r.scrape()
+                if arrived < n:
+                    self._push(t + scrape_iv, SCRAPE_TICK, None)
+            elif kind == REPLICA_READY:
+                rep = payload
+                if rep.state == ReplicaState.STARTING:
+                    rep.state = ReplicaState.READY
+                    rep.ready_s = t
+                    rep.dirty = True
+                    self._record_replicas(t)
+            elif kind == AUTOSCALE_TICK:
+                self._autoscale(t)
+                if arrived < n or self._active:
+                    self._push(t + self.cfg.autoscale_interval_s, AUTOSCALE_TICK, None)
+        if progress is not None:
+            progress(arrived, n)
+        wall = time.perf_counter() - wall0
+        return self._result(wall)
+
+    # ----------------------------------------------------------------------------------------- results
+
+    def _result(self, wall_s: float) -> RunResult:
+        reqs = self.trace.requests
+        arrival = np.array([r.arrival_s for r in reqs]) if reqs else np.zeros(0)
+        inputs = np.array([r.input_tokens for r in reqs], dtype=np.int64) if reqs else np.zeros(0, np.int64)
+        outputs = np.array([r.output_tokens for r in reqs], dtype=np.int64) if reqs else np.zeros(0, np.int64)
+        done_mask = ~np.isnan(self._done)
+        ttft = (self._first - arrival)[done_mask]
+        e2e = (self._done - arrival)[done_mask]
+        end = float(np.nanmax(self._done)) if done_mask.any() else 0.0
+        end = max(end, float(arrival[-1]) if arrival.size else 0.0)
+        rep_seconds = 0.0
+        for r in self.replicas:
+            stop = r.stopped_s if r.stopped_s is not None else end
+            rep_seconds += max(0.0, stop - r.provisioned_s)
+        window_load = self._window_load(end)
+        mx, med = M.load_imbalance(window_load)
+        minute_p95 = M.per_minute_p95(arrival[done_mask], ttft, end)
+        out_tokens = float(outputs[done_mask].sum())
+        span = end - (float(arrival[0]) if arrival.size else 0.0)
+        completed = int(done_mask.sum())
+        summary: dict[str, Any] = {
+            "mode": "des",
+            "policy": getattr(self.policy, "name", "?"),
+            "trace": self.trace.name,
+            "seed": self.cfg.seed,
+            "replicas": self.cfg.replicas,
+            "requests": len(reqs),
+            "completed": completed,
+            "rejected": self._rejected,
+            "rejected_too_large": self._too_large,
+            "ttft_p50_s": M.percentile(ttft, 50),
+            "ttft_p95_s": M.percentile(ttft, 95),
+            "ttft_p99_s": M.percentile(ttft, 99),
+            "ttft_mean_s": float(ttft.mean()) if ttft.size else math.nan,
+            "e2e_p50_s": M.percentile(e2e, 50),
+            "e2e_p95_s": M.percentile(e2e, 95),
+            "e2e_mean_s": float(e2e.mean()) if e2e.size else math.nan,
+            "output_tokens_per_s": out_tokens / span if span > 0 else math.nan,
+            "cache_hit_rate": float(self._cached[done_mask].sum() / max(1, inputs[done_mask].sum())),
+            "replica_seconds": rep_seconds,
+            "replica_hours": rep_seconds / 3600.0,
+            "max_over_mean_load": mx,
+            "max_over_mean_load_p50": med,
+            "slo_ttft_p95_s": self.cfg.slo_ttft_p95_s,
+            "slo_attainment": M.slo_attainment(minute_p95, self.cfg.slo_ttft_p95_s),
+            "sim_duration_s": end,
+            "settled_mu": float(self._cost.sum()),
+            "profile": self.profile.name,
+            "autoscaler": getattr(self.autoscaler, "name", "none") if self.autoscaler else "none",
+            "peak_replicas": max((tot for _, _, tot in self._replica_series), default=self.cfg.replicas),
+            "wall_s": wall_s,
+            "requests_per_wall_s": len(reqs) / wall_s if wall_s > 0 else math.nan,
+        }
+        return RunResult(
+            summary=M.ordered(summary),
+            arrival_s=arrival,
+            ttft_s=self._first - arrival,
+            e2e_s=self._done - arrival,
+            replica_of=self._replica_of,
+            window_load=window_load,
+            replica_names=[r.name for r in self.replicas],
+            replicas_over_time=list(self._replica_series),
+        )
+
+    def _window_load(self, end: float) -> np.ndarray:
+        """MU dispatched to each replica per minute (``nan`` where the replica was not ready all minute)."""
+        n_win = max(1, int(math.ceil(end / 60.0)))
+        load = np.zeros((n_win, len(self.replicas)))
+        mask = self._replica_of >= 0
+        if mask.any():
+            w = np.minimum((self._dispatch[mask] // 60.0).astype(np.int64), n_win - 1)
+            np.add.at(load, (w, self._replica_of[mask]), self._cost[mask])
+        starts = np.arange(n_win) * 60.0
+        for j, r in enumerate(self.replicas):
+            stop = r.stopped_s if r.stopped_s is not None else math.inf
+            ready_from = r.ready_s if r.state != ReplicaState.STARTING else math.inf
+            bad = (starts < ready_from) | (starts + 60.0 > stop)
+            load[bad, j] = np.nan
+        # The last, partial window says little about balance: drop it when there is more than one.
+        return load[:-1] if n_win > 1 else load

@@ -1,0 +1,63 @@
+"""The admission state store interface: bucket charges, settle adjustments and per-tenant usage totals.
+
+Every store applies the pure bucket arithmetic of ``fleetgate.core.admission`` (``take_all`` /
+``adjust_all``) atomically: the memory store in-process, the Redis store in Lua scripts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from fleetgate.core.admission import BucketState, Charge, TakeOutcome
+
+USAGE_FIELDS = (
+    "requests",
+    "admitted_mu",
+    "settled",
+    "settled_mu",
+    "prompt_tokens",
+    "completion_tokens",
+)
+"""Per-tenant usage counters (totals since the store started)."""
+
+
+class StoreUnavailableError(Exception):
+    """The shared store cannot be reached; the service applies its fail-open / fail-closed policy."""
+
+
+@runtime_checkable
+class AdmissionStore(Protocol):
+    """Where bucket levels and usage counters live (``now`` is ignored by stores using their own clock)."""
+
+    kind: str
+
+    async def take(
+        self, charges: Sequence[Charge], now: float, usage_key: str | None = None, cost_mu: float = 0.0
+    ) -> TakeOutcome:
+        """Charge all meters or none; an admitted request adds 1 request and ``cost_mu`` to ``usage_key``."""
+        ...
+
+    async def adjust(
+        self,
+        deltas: Sequence[Charge],
+        now: float,
+        usage_key: str | None = None,
+        usage: Mapping[str, float] | None = None,
+    ) -> None:
+        """Settle: add each delta (refund when negative) and add ``usage`` to the usage counters."""
+        ...
+
+    async def peek(self, charges: Sequence[Charge], now: float) -> dict[str, BucketState]:
+        """Current (drained) states of these meters, charging nothing."""
+        ...
+
+    async def usage(self, usage_key: str) -> dict[str, float]:
+        """Usage counters of one tenant."""
+        ...
+
+    async def ping(self) -> bool:
+        """Whether the store answers now."""
+        ...
+
+    async def close(self) -> None: ...

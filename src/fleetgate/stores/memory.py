@@ -1,0 +1,53 @@
+"""In-process admission state (the default): exact, no I/O; limits are per gateway process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from fleetgate.core.admission import BucketState, Charge, MemoryBuckets, TakeOutcome
+
+
+class MemoryStore:
+    """Bucket levels and usage counters in dicts. Atomic because nothing awaits inside a call."""
+
+    kind = "memory"
+
+    def __init__(self) -> None:
+        self.buckets = MemoryBuckets()
+        self._usage: dict[str, dict[str, float]] = {}
+
+    def _add(self, usage_key: str, fields: Mapping[str, float]) -> None:
+        row = self._usage.setdefault(usage_key, {})
+        for name, value in fields.items():
+            row[name] = row.get(name, 0.0) + value
+
+    async def take(
+        self, charges: Sequence[Charge], now: float, usage_key: str | None = None, cost_mu: float = 0.0
+    ) -> TakeOutcome:
+        out = self.buckets.take(charges, now)
+        if usage_key is not None and out.allowed:
+            self._add(usage_key, {"requests": 1, "admitted_mu": cost_mu})
+        return out
+
+    async def adjust(
+        self,
+        deltas: Sequence[Charge],
+        now: float,
+        usage_key: str | None = None,
+        usage: Mapping[str, float] | None = None,
+    ) -> None:
+        self.buckets.adjust(deltas, now)
+        if usage_key is not None and usage:
+            self._add(usage_key, usage)
+
+    async def peek(self, charges: Sequence[Charge], now: float) -> dict[str, BucketState]:
+        return self.buckets.peek(charges, now)
+
+    async def usage(self, usage_key: str) -> dict[str, float]:
+        return dict(self._usage.get(usage_key, {}))
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,260 @@
+"""Admission state in Redis, shared by gateway replicas: one limit for the whole fleet of gateways.
+
+The Lua scripts below are the same arithmetic as ``fleetgate.core.admission`` (``drain``, ``threshold``,
+``take_all``, ``adjust_all``), run atomically inside Redis. Each bucket is a hash ``{l: level, t: updated}``
+whose TTL lasts until it has drained (plus a margin), so idle tenants leave no keys behind. By default the
+scripts read Redis' own clock (``TIME``), so gateways with skewed clocks still share one timeline.
+
+Unreachable Redis raises ``StoreUnavailableError`` quickly (short timeouts; after a failure the store waits
+``retry_interval_s`` before trying again instead of stalling every request), and recovers by itself: the next
+try after the interval reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from fleetgate.core.admission import MIN_RETRY_AFTER_S, BucketState, Charge, TakeOutcome
+from fleetgate.stores.base import StoreUnavailableError
+
+log = logging.getLogger("fleetgate.admission.redis")
+
+# Shared helpers: clock, drain. ARGV[1] = now (negative: use Redis TIME).
+_PRELUDE = """
+local now = tonumber(ARGV[1])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local EPS = 1e-9
+local MARGIN = 60
+local function fmt(x) return string.format('%.17g', x) end
+local function load(key, rate)
+  local v = redis.call('HMGET', key, 'l', 't')
+  local level = tonumber(v[1]) or 0
+  local upd = tonumber(v[2]) or now
+  local el = now - upd
+  if el > 0 then
+    level = math.max(0, level - rate * el)
+    upd = now
+  end
+  return level, upd
+end
+local function store(key, level, upd, rate)
+  local t = math.max(now, upd)
+  redis.call('HSET', key, 'l', fmt(level), 't', fmt(t))
+  redis.call('PEXPIRE', key, math.ceil((level / rate + MARGIN) * 1000))
+end
+"""
+
+# KEYS: n bucket keys [+ usage key]. ARGV: now, n, then per bucket (rate, burst, amount, enforce),
+# then the admitted cost for the usage counters (when a usage key is given).
+# Reply: {allowed, retry_after, now, nblocked, blocked indices..., levels...}; levels are after charging
+# when allowed, merely drained when denied.
+TAKE_LUA = (
+    _PRELUDE
+    + """
+local n = tonumber(ARGV[2])
+local levels, upds, rates, amounts = {}, {}, {}, {}
+local blocked = {}
+local maxwait = 0
+for i = 1, n do
+  local b = 2 + (i - 1) * 4
+  local rate, burst = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local amount, enforce = tonumber(ARGV[b + 3]), ARGV[b + 4] == '1'
+  local level, upd = load(KEYS[i], rate)
+  levels[i], upds[i], rates[i], amounts[i] = level, upd, rate, amount
+  if enforce then
+    local excess = level - math.max(burst - amount, 0)
+    if excess > EPS then
+      blocked[#blocked + 1] = tostring(i)
+      local w = excess / rate
+      if w > maxwait then maxwait = w end
+    end
+  end
+end
+local allowed = 0
+if #blocked == 0 then
+  allowed = 1
+  for i = 1, n do
+    levels[i] = math.max(0, levels[i] + amounts[i])
+    store(KEYS[i], levels[i], upds[i], rates[i])
+  end
+  if #KEYS > n then
+    redis.call('HINCRBY', KEYS[n + 1], 'requests', 1)
+    redis.call('HINCRBYFLOAT', KEYS[n + 1], 'admitted_mu', ARGV[3 + n * 4])
+  end
+end
+local reply = {tostring(allowed), fmt(maxwait), fmt(now), tostring(#blocked)}
+for _, b in ipairs(blocked) do reply[#reply + 1] = b end
+for i = 1, n do reply[#reply + 1] = fmt(levels[i]) end
+return reply
+"""
+)
+
+# KEYS: n bucket keys [+ usage key]. ARGV: now, n, per bucket (rate, delta), then field/value pairs.
+ADJUST_LUA = (
+    _PRELUDE
+    + """
+local n = tonumber(ARGV[2])
+for i = 1, n do
+  local b = 2 + (i - 1) * 2
+  local rate, delta = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local level, upd = load(KEYS[i], rate)
+  store(KEYS[i], math.max(0, level + delta), upd, rate)
+end
+if #KEYS > n then
+  local j = 3 + n * 2
+  while j < #ARGV do
+    redis.call('HINCRBYFLOAT', KEYS[n + 1], ARGV[j], ARGV[j + 1])
+    j = j + 2
+  end
+end
+return fmt(now)
+"""
+)
+
+# KEYS: n bucket keys. ARGV: now, n, rates... Reply: {now, level, updated, ...} (drained, not written).
+PEEK_LUA = (
+    _PRELUDE
+    + """
+local n = tonumber(ARGV[2])
+local reply = {fmt(now)}
+for i = 1, n do
+  local level, upd = load(KEYS[i], tonumber(ARGV[2 + i]))
+  reply[#reply + 1] = fmt(level)
+  reply[#reply + 1] = fmt(upd)
+end
+return reply
+"""
+)
+
+_UNAVAILABLE = (RedisError, OSError, TimeoutError, ConnectionError)
+
+
+class RedisStore:
+    """Admission state in one Redis (or a Sentinel-managed primary): atomic Lua scripts, namespaced keys."""
+
+    kind = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 0.25,
+        server_time: bool = True,
+        retry_interval_s: float = 1.0,
+        client: aioredis.Redis | None = None,
+    ) -> None:
+        self.url = url
+        self.server_time = server_time
+        self.retry_interval_s = retry_interval_s
+        self._redis: aioredis.Redis = client or aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 1),
+            decode_responses=True,
+        )
+        self._take = self._redis.register_script(TAKE_LUA)
+        self._adjust = self._redis.register_script(ADJUST_LUA)
+        self._peek = self._redis.register_script(PEEK_LUA)
+        self.available = True
+        self.errors_total = 0
+        self.outages_total = 0
+        self._down_until = 0.0
+
+    def _now_arg(self, now: float) -> str:
+        return "-1" if self.server_time else repr(float(now))
+
+    async def _call(self, script: Any, keys: list[str], args: list[str]) -> Any:
+        if not self.available and time.monotonic() < self._down_until:
+            raise StoreUnavailableError(f"redis at {self.url} unreachable (retrying shortly)")
+        try:
+            result = await script(keys=keys, args=args)
+        except _UNAVAILABLE as exc:
+            self.errors_total += 1
+            self._down_until = time.monotonic() + self.retry_interval_s
+            if self.available:
+                self.available = False
+                self.outages_total += 1
+                log.warning("admission store unreachable: redis %s: %s", self.url, exc)
+            raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+        if not self.available:
+            self.available = True
+            log.warning("admission store reachable again: redis %s", self.url)
+        return result
+
+    async def take(
+        self, charges: Sequence[Charge], now: float, usage_key: str | None = None, cost_mu: float = 0.0
+    ) -> TakeOutcome:
+        keys = [c.key for c in charges]
+        args = [self._now_arg(now), str(len(charges))]
+        for c in charges:
+            enforce = "1" if c.enforce else "0"
+            args += [repr(c.params.rate_per_s), repr(c.params.burst), repr(c.amount), enforce]
+        if usage_key is not None:
+            keys.append(usage_key)
+            args.append(repr(cost_mu))
+        r = await self._call(self._take, keys, args)
+        allowed, retry, at = r[0] == "1", float(r[1]), float(r[2])
+        nblocked = int(r[3])
+        blocked_idx = [int(x) - 1 for x in r[4 : 4 + nblocked]]
+        levels = [float(x) for x in r[4 + nblocked :]]
+        states = {c.key: BucketState(levels[i], at) for i, c in enumerate(charges)}
+        if not allowed:
+            retry = max(retry, MIN_RETRY_AFTER_S)
+        blocked = tuple(keys[i] for i in blocked_idx)
+        return TakeOutcome(allowed, 0.0 if allowed else retry, blocked, states, at)
+
+    async def adjust(
+        self,
+        deltas: Sequence[Charge],
+        now: float,
+        usage_key: str | None = None,
+        usage: Mapping[str, float] | None = None,
+    ) -> None:
+        keys = [c.key for c in deltas]
+        args = [self._now_arg(now), str(len(deltas))]
+        for c in deltas:
+            args += [repr(c.params.rate_per_s), repr(c.amount)]
+        if usage_key is not None and usage:
+            keys.append(usage_key)
+            for name, value in usage.items():
+                args += [name, repr(float(value))]
+        if keys:
+            await self._call(self._adjust, keys, args)
+
+    async def peek(self, charges: Sequence[Charge], now: float) -> dict[str, BucketState]:
+        if not charges:
+            return {}
+        args = [self._now_arg(now), str(len(charges))] + [repr(c.params.rate_per_s) for c in charges]
+        r = await self._call(self._peek, [c.key for c in charges], args)
+        at = float(r[0])
+        return {c.key: BucketState(float(r[1 + 2 * i]), at) for i, c in enumerate(charges)}
+
+    async def usage(self, usage_key: str) -> dict[str, float]:
+        if not self.available and time.monotonic() < self._down_until:
+            raise StoreUnavailableError(f"redis at {self.url} unreachable (retrying shortly)")
+        try:
+            raw = await self._redis.hgetall(usage_key)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+        return {str(k): float(v) for k, v in raw.items()}
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._redis.ping())
+        except _UNAVAILABLE:
+            return False
+
+    async def close(self) -> None:
+        await self._redis.aclose()

@@ -1,0 +1,90 @@
+"""Fault handling with real simulated engines: crash, stall, hang and error-rate faults behind the gateway."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from fleetgate.core.sse import parse_all
+
+MODEL = "sim-model"
+MESSAGES = [{"role": "user", "content": "Write one line about rivers."}]
+
+
+def client(url: str, timeout: float = 30.0) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=timeout, max_retries=0)
+
+
+def test_replica_crash_requests_still_succeed(start_engine: Any, start_gateway: Any, tools: Any) -> None:
+    engines = [start_engine(MODEL), start_engine(MODEL)]
+    gateway = start_gateway({MODEL: engines}, policy="round_robin", connect_timeout_s=0.5)
+    c = client(gateway.url)
+    assert c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3).choices
+    try:
+        tools.set_fault(engines[0], "crash")
+    except httpx.HTTPError:
+        pass  # the process may die before it answers
+    engines[0].proc.wait(10)
+    ok = 0
+    for i in range(8):
+        if i % 2:
+            chunks = list(c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, stream=True))
+            assert chunks[-1].choices[0].finish_reason == "length"
+        else:
+            resp = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+            assert resp.usage is not None and resp.usage.completion_tokens == 4
+        ok += 1
+    assert ok == 8
+    # every request reached the surviving replica
+    assert tools.engine_stats(engines[1])["server"]["requests_received"] >= 8
+    metrics = httpx.get(gateway.url + "/metrics").text
+    assert 'fleetgate_upstream_retries_total{deployment="sim-model",replica="r0"}' in metrics
+
+
+def test_stalled_stream_ends_with_clean_error_event(start_engine: Any, start_gateway: Any) -> None:
+    engine = start_engine(MODEL, "--fault", "stall=2")
+    gateway = start_gateway({MODEL: [engine]}, stream_idle_timeout_s=0.5)
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 50, "stream": True}
+    t0 = time.monotonic()
+    r = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=10)
+    assert r.status_code == 200  # the first bytes were already sent when the stream stalled
+    events = parse_all(r.content)
+    assert len(events) >= 2
+    assert "error" in events[-1].data and "stalled" in events[-1].data
+    assert events[-1].data.startswith('{"error":')
+    assert all("error" not in e.data for e in events[:-1])
+    assert time.monotonic() - t0 < 5
+    # the official SDK turns that event into an exception rather than a silent truncation
+    with pytest.raises(openai.APIError, match="stalled"):
+        for _ in client(gateway.url).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=50, stream=True):
+            pass
+    # non-streamed requests are unaffected by this fault
+    assert client(gateway.url).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3).choices
+
+
+def test_failures_before_first_byte_are_retried_elsewhere(start_engine: Any, start_gateway: Any) -> None:
+    hung = start_engine(MODEL, "--fault", "hang")
+    failing = start_engine(MODEL, "--fault", "error_rate=1")
+    good = start_engine(MODEL)
+    gateway = start_gateway({MODEL: [hung, failing, good]}, first_byte_timeout_s=0.5, max_attempts=3)
+    c = client(gateway.url)
+    for stream in (False, True, False, True):
+        if stream:
+            chunks = list(c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, stream=True))
+            assert chunks[-1].choices[0].finish_reason == "length"
+        else:
+            resp = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
+            assert resp.choices[0].message.content
+
+
+def test_all_replicas_failing_gives_openai_error(start_engine: Any, start_gateway: Any) -> None:
+    failing = start_engine(MODEL, "--fault", "error_rate=1")
+    gateway = start_gateway({MODEL: [failing]}, max_attempts=2)
+    r = httpx.post(gateway.url + "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES}, timeout=10)
+    assert r.status_code == 502
+    err = r.json()["error"]
+    assert err["type"] == "server_error" and err["code"] == "upstream_error" and "r0" in err["message"]

@@ -1,0 +1,171 @@
+"""Unit tests for core/calibrate.py: NNLS, fit quality, holdout split, sweep design, profile fitting."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from fleetgate.core.calibrate import (
+    BatchedPerf,
+    BatchRun,
+    Measurement,
+    default_design,
+    fit_batched_perf,
+    fit_cost_profile,
+    holdout_split,
+    mape,
+    nnls,
+    r2_score,
+    sweep_design,
+)
+from fleetgate.core.units import LONG_INPUT_SCALE
+
+
+def _kkt_ok(a: np.ndarray, b: np.ndarray, x: np.ndarray, tol: float = 1e-6) -> bool:
+    g = a.T @ (a @ x - b)
+    pos = x > 1e-12
+    return bool((x >= 0).all() and (np.abs(g[pos]) < tol).all() and (g[~pos] > -tol).all())
+
+
+def test_nnls_satisfies_kkt_on_random_problems() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(100):
+        m, n = int(rng.integers(3, 25)), int(rng.integers(1, 6))
+        a = rng.normal(size=(m, n))
+        b = rng.normal(size=m)
+        assert _kkt_ok(a, b, nnls(a, b))
+
+
+def test_nnls_recovers_nonnegative_truth_and_clips_negative() -> None:
+    a = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert nnls(a, a @ np.array([2.0, 3.0])) == pytest.approx([2.0, 3.0])
+    x = nnls(a, np.array([-1.0, 2.0, 1.0]))
+    assert x[0] == 0.0 and x[1] > 0
+
+
+def test_nnls_scales_columns() -> None:
+    # per-request and per-token coefficients differ by orders of magnitude
+    inp = np.array([10, 100, 1000, 5000, 20, 300], dtype=float)
+    a = np.column_stack([np.ones_like(inp), inp])
+    truth = np.array([0.5, 2e-5])
+    assert nnls(a, a @ truth) == pytest.approx(truth, rel=1e-9)
+
+
+def test_nnls_rejects_bad_shapes() -> None:
+    with pytest.raises(ValueError):
+        nnls(np.ones((3, 2)), np.ones(4))
+
+
+def test_r2_and_mape() -> None:
+    assert r2_score([1, 2, 3], [1, 2, 3]) == 1.0
+    assert r2_score([1, 2, 3], [2, 2, 2]) == pytest.approx(0.0)
+    assert mape([1.0, 2.0], [1.1, 1.8]) == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        mape([0.0], [1.0])
+
+
+def test_holdout_split_deterministic_and_disjoint() -> None:
+    tr1, ho1 = holdout_split(20, 0.25, random.Random(1))
+    tr2, ho2 = holdout_split(20, 0.25, random.Random(1))
+    assert (tr1, ho1) == (tr2, ho2)
+    assert len(ho1) == 5 and sorted(tr1 + ho1) == list(range(20))
+    assert holdout_split(20, 0.25, random.Random(2)) != (tr1, ho1)
+    tr, ho = holdout_split(2, 0.1, random.Random(0))
+    assert len(tr) == 1 and len(ho) == 1
+
+
+def test_sweep_design() -> None:
+    d = sweep_design([100, 10], [5], [4, 1, 4])
+    assert [(p.input_tokens, p.output_tokens) for p in d] == [(10, 5), (100, 5)]
+    assert d[0].concurrencies == (1, 4)
+    assert len(default_design(quick=True)) == 9
+    with pytest.raises(ValueError):
+        sweep_design([], [1], [1])
+
+
+def _synthetic(quad: float = 0.0, noise: float = 0.0, seed: int = 0, ctx: float = 0.0) -> list[Measurement]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in (16, 128, 512, 1024, 2048, 4096):
+        for o in (4, 32, 128, 256):
+            secs = 0.02 + 1e-4 * i + 5e-3 * o + quad * i * i / LONG_INPUT_SCALE
+            secs += ctx * o * (i + o / 2) / LONG_INPUT_SCALE
+            secs *= 1 + noise * rng.normal()
+            out.append(Measurement(i, o, secs))
+    return out
+
+
+def test_fit_recovers_linear_profile_and_normalises() -> None:
+    cal = fit_cost_profile(_synthetic(), random.Random(3), capacity_mu_per_min=100.0)
+    secs = cal.seconds_coefficients
+    assert secs["gamma"] == pytest.approx(0.02, rel=1e-6)
+    assert secs["alpha"] == pytest.approx(1e-4, rel=1e-6)
+    assert secs["beta"] == pytest.approx(5e-3, rel=1e-6)
+    assert cal.terms == ()
+    p = cal.profile
+    # MU = capacity * seconds / 60
+    assert p.alpha == pytest.approx(1e-4 * 100 / 60, rel=1e-6)
+    assert p.replica_seconds(p.cost(1000, 100)) == pytest.approx(0.02 + 0.1 + 0.5, rel=1e-6)
+    assert cal.r2_holdout == pytest.approx(1.0) and cal.mape_holdout < 1e-6
+    assert p.fit["n_holdout"] == len(cal.holdout) == 6
+
+
+def test_fit_adds_long_input_term_only_when_data_asks() -> None:
+    cal = fit_cost_profile(_synthetic(quad=0.05), random.Random(3))
+    assert cal.terms == ("delta",) and cal.profile.delta > 0 and cal.profile.epsilon == 0
+    assert cal.mape_holdout < 0.01
+    ctx = fit_cost_profile(_synthetic(ctx=0.01), random.Random(3))
+    assert ctx.terms == ("epsilon",)
+    assert ctx.seconds_coefficients["epsilon"] == pytest.approx(0.01, rel=1e-6)
+    noisy_linear = fit_cost_profile(_synthetic(noise=0.02, seed=4), random.Random(3))
+    assert noisy_linear.terms == ()
+    assert noisy_linear.mape_holdout < 0.05
+    forced = fit_cost_profile(_synthetic(), random.Random(3), terms=["delta"])
+    assert forced.terms == ("delta",)
+    with pytest.raises(ValueError, match="unknown cost term"):
+        fit_cost_profile(_synthetic(), random.Random(3), terms=["zeta"])
+
+
+def _batched_runs(noise: float = 0.01, seed: int = 0) -> list[BatchRun]:
+    """Synthetic batch measurements from a known step model (Splitwise-like one-factor design)."""
+    truth = BatchedPerf(0.02, 7e-5, 0.0, 0.03, 1.6e-4, 2e-4, 64)
+    rng = np.random.default_rng(seed)
+    shapes = [(p, 1, 128) for p in (128, 256, 512, 1024, 2048, 4096, 8192)]
+    shapes += [(512, b, 128) for b in (2, 4, 8, 16, 32, 64)]
+    shapes += [(512, 1, t) for t in (256, 512, 1024)]
+    runs = []
+    for p, b, t in shapes:
+        for _ in range(3):
+            pre = truth.prefill_time(p, b) * (1 + noise * rng.normal())
+            step = truth.step_time(b, p + t / 2) * (1 + noise * rng.normal())
+            runs.append(BatchRun(p, b, t, pre, step, pre + t * step))
+    # a stalled run whose e2e contradicts its own timings is dropped
+    runs.append(BatchRun(512, 64, 128, 1.0, 0.05, 80.0))
+    return runs
+
+
+def test_fit_batched_perf_recovers_step_model_and_profile() -> None:
+    fit = fit_batched_perf(_batched_runs(), random.Random(0), name="syn", model="m", hardware="h")
+    assert fit.dropped == 1
+    assert fit.e2e_mape_holdout < 0.03
+    assert fit.perf.max_batch == 64
+    assert fit.perf.decode_step_base_s == pytest.approx(0.03, rel=0.1)
+    assert fit.perf.prefill_s_per_token == pytest.approx(7e-5, rel=0.1)
+    p = fit.profile
+    assert p.name == "syn" and p.perf["saturation_batch"] == 64
+    assert p.fit["mape_holdout"] == fit.e2e_mape_holdout
+    # MU is the per-request replica share at the saturation batch
+    for prompt, tokens in ((256, 64), (2048, 512)):
+        assert p.replica_seconds(p.cost(prompt, tokens)) == pytest.approx(
+            fit.perf.replica_seconds(prompt, tokens), rel=0.02
+        )
+    assert set(fit.holdout_shapes).isdisjoint(fit.train_shapes)
+
+
+def test_fit_rejects_bad_input() -> None:
+    with pytest.raises(ValueError):
+        fit_cost_profile([Measurement(1, 1, 1.0)] * 2, random.Random(0))
+    with pytest.raises(ValueError):
+        fit_cost_profile([Measurement(1, 1, 0.0)] * 5, random.Random(0))
