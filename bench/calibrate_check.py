@@ -28,11 +28,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from fleetgate.core.calibrate import default_design
 from fleetgate.core.units import CostProfile, load_profile
 from fleetgate.engines.calibration import EngineProbe, Shape, calibrate_engine, plot_calibration
 
@@ -129,8 +131,16 @@ async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
         profile = load_profile(args.profile)
         report["profile_source"] = args.profile
     else:
+        ladder_c = tuple(int(c) for c in args.ladder.split(","))
+        design = [replace(p, concurrencies=ladder_c) for p in default_design(args.quick)]
         run = await calibrate_engine(
-            engine, args.model, quick=args.quick, seed=args.seed, progress=not args.quiet
+            engine,
+            args.model,
+            design=design,
+            quick=args.quick,
+            seed=args.seed,
+            progress=not args.quiet,
+            requests_per_worker=args.requests_per_worker,
         )
         args.out.parent.mkdir(parents=True, exist_ok=True)
         prof_path = args.out.with_name(args.out.stem + "-profile.json")
@@ -180,8 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spawn-sim", action="store_true", help="Start a simulated engine for the run.")
     ap.add_argument("--time-scale", type=float, default=10.0, help="Simulated engine time scale.")
     ap.add_argument("--sim-arg", action="append", default=[], help="Extra argument for `engine sim`.")
-    ap.add_argument("--ladder", default="1,2,4,8,16,32,64", help="Concurrency ladder.")
-    ap.add_argument("--requests-per-worker", type=int, default=6)
+    ap.add_argument(
+        "--ladder", default="1,2,4,8,16,32,64", help="Concurrency ladder (calibration and mixes)."
+    )
+    ap.add_argument("--requests-per-worker", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/calibrate_check.json"))
     ap.add_argument("--quiet", action="store_true")

@@ -31,13 +31,13 @@ deployments:
     replicas: [{name: nginx, url: "http://127.0.0.1:$NGINX_PORT"}]
 YAML
 taskset -c 1 "$BIN/fleetgate" serve --config "$WORK/fleetgate.yaml" > "$WORK/fleetgate.log" 2>&1 & pids+=($!)
-taskset -c 1 "$ROUTERS_VENV/bin/vllm-router" --host 127.0.0.1 --port $VR_PORT --policy round_robin \
+taskset -c 1 "$ROUTERS_VENV/bin/vllm-router" --host 127.0.0.1 --port $VR_PORT --policy round_robin --prometheus-host 127.0.0.1 --prometheus-port 18914 \
   --worker-urls "http://127.0.0.1:$NGINX_PORT" --log-level warning > "$WORK/vllm-router.log" 2>&1 & pids+=($!)
 
 wait_http() { for _ in $(seq 100); do curl -sf -o /dev/null "$1" && return 0; sleep 0.2; done; echo "not ready: $1" >&2; return 1; }
 wait_http "http://127.0.0.1:$NGINX_PORT/health"
 wait_http "http://127.0.0.1:$FG_PORT/readyz"
-wait_http "http://127.0.0.1:$VR_PORT/health"
+wait_http "http://127.0.0.1:$VR_PORT/health" || { cat "$WORK/vllm-router.log" >&2; exit 1; }
 
 wrk_ms() {  # $1 url, $2 connections -> "p50_ms p99_ms req_per_s non2xx"
   local out

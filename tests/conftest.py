@@ -1,12 +1,5 @@
-"""Shared test configuration. Integration fixtures (real processes) live in tests/integration/conftest.py."""
+"""Shared test configuration (kept minimal on purpose).
 
-from __future__ import annotations
-
-import pytest
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Integration tests start real processes: give each a generous default timeout if none is set."""
-    for item in items:
-        if "integration" in item.path.parts and item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(120))
+Integration fixtures that start real processes (simulated engines, gateways) live in
+tests/integration/conftest.py; every server binds 127.0.0.1 on a free port.
+"""

@@ -57,18 +57,25 @@ def build_gateway(
     fleet = Fleet(build_deployment(d) for d in cfg.deployments)
     client = UpstreamClient(connect_timeout_s=gw.connect_timeout_s)
     metrics = GatewayMetrics(fleet)
+    gate = admission if admission is not None else build_admission(cfg, metrics.registry)
     proxy = Proxy(
         config=gw,
         fleet=fleet,
         client=client,
         metrics=metrics,
-        admission=admission if admission is not None else build_admission(cfg, metrics.registry),
+        admission=gate,
         rng=rng,
         clock=clock,
     )
     app = create_app(
         proxy=proxy, fleet=fleet, metrics=metrics, max_body_bytes=gw.max_body_bytes, created=int(wall_clock())
     )
+    if not isinstance(gate, OpenAdmission):
+        from fleetgate.admission.http import add_admin_routes
+        from fleetgate.admission.service import AdmissionService
+
+        if isinstance(gate, AdmissionService):
+            add_admin_routes(app, gate)  # /admin/tenants, /admin/usage, /admin/capacity
     scraper = MetricsScraper(client, interval_s=gw.scrape_interval_s, timeout_s=gw.scrape_timeout_s, rng=rng)
     return GatewayServer(config=gw, app=app, proxy=proxy, fleet=fleet, client=client, scraper=scraper)
 

@@ -1,4 +1,4 @@
-"""The gateway (``fleetgate serve``) in front of two real simulated-engine processes, driven by the openai SDK.
+"""The gateway (``fleetgate serve``) before two real simulated-engine processes, driven by the openai SDK.
 
 One fleet (two engines at real time, one gateway) is shared by the module; tests that need faults, crashes
 or a shutdown start their own processes.
@@ -28,10 +28,22 @@ MESSAGES = [{"role": "user", "content": "Tell me about the weather in Paris toda
 @pytest.fixture(scope="module")
 def fleet(tools: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Two engines at real time (short requests are fast; long ones last) behind one gateway."""
-    ServerProcess, PY = tools.ServerProcess, tools.PY  # noqa: N806
+    ServerProcess, PY = tools.ServerProcess, tools.PY
     engines = [
         ServerProcess(
-            [PY, "-m", "fleetgate.cli", "engine", "sim", "--port", "0", "--model", MODEL, "--time-scale", "1"],
+            [
+                PY,
+                "-m",
+                "fleetgate.cli",
+                "engine",
+                "sim",
+                "--port",
+                "0",
+                "--model",
+                MODEL,
+                "--time-scale",
+                "1",
+            ],
             name=f"engine-{i}",
         )
         for i in range(2)
@@ -108,7 +120,11 @@ def test_completions_stream_and_non_stream(fleet: dict[str, Any]) -> None:
     assert resp.choices[0].text and resp.usage is not None and resp.usage.completion_tokens == 5
     chunks = list(
         c.completions.create(
-            model=MODEL, prompt="Once upon a time", max_tokens=5, stream=True, stream_options={"include_usage": True}
+            model=MODEL,
+            prompt="Once upon a time",
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices)
@@ -135,8 +151,14 @@ def test_stream_is_relayed_byte_for_byte(fleet: dict[str, Any]) -> None:
         (b"[1, 2]", None),
         (b'{"model": "sim-model"}', "messages"),
         (b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
-        (b'{"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}', "max_tokens"),
-        (b'{"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream"),
+        (
+            b'{"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}',
+            "max_tokens",
+        ),
+        (
+            b'{"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
+            "stream",
+        ),
         (b'{"model": "sim-model", "messages": [{"content": "x"}]}', "messages[0].role"),
     ],
 )
@@ -163,7 +185,9 @@ def test_openai_sdk_sees_400_and_404(fleet: dict[str, Any]) -> None:
 
 def test_body_limit_path_and_method_errors(fleet: dict[str, Any]) -> None:
     big = b'{"model": "sim-model", "messages": [{"role": "user", "content": "' + b"x" * 70000 + b'"}]}'
-    r = httpx.post(fleet["url"] + "/v1/chat/completions", content=big, headers={"Content-Type": "application/json"})
+    r = httpx.post(
+        fleet["url"] + "/v1/chat/completions", content=big, headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = httpx.get(fleet["url"] + "/v1/nothing-here")
     assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
@@ -181,8 +205,13 @@ def test_health_ready_metrics(fleet: dict[str, Any]) -> None:
     time.sleep(1.2)  # at least one scrape of each engine
     text = httpx.get(url + "/metrics").text
     for replica in ("r0", "r1"):
-        assert f'fleetgate_requests_total{{deployment="{MODEL}",endpoint="chat",replica="{replica}",status="200"}}' in text
-        assert f'fleetgate_time_to_first_token_seconds_count{{deployment="{MODEL}",replica="{replica}"}}' in text
+        assert (
+            f'fleetgate_requests_total{{deployment="{MODEL}",endpoint="chat",replica="{replica}",status="200"}}'
+            in text
+        )
+        assert (
+            f'fleetgate_time_to_first_token_seconds_count{{deployment="{MODEL}",replica="{replica}"}}' in text
+        )
         assert f'fleetgate_inflight_requests{{deployment="{MODEL}",replica="{replica}"}} 0.0' in text
         assert f'fleetgate_engine_running{{deployment="{MODEL}",replica="{replica}"}}' in text
     assert "fleetgate_generation_tokens_total" in text
@@ -203,11 +232,12 @@ def test_client_disconnect_cancels_upstream(fleet: dict[str, Any]) -> None:
     engines = fleet["engines"]
     before = sum(engine_stats(e)["server"]["requests_cancelled"] for e in engines)
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 20000, "stream": True}
-    with httpx.Client(timeout=10) as http, http.stream("POST", fleet["url"] + "/v1/chat/completions", json=body) as r:
+    with (
+        httpx.Client(timeout=10) as http,
+        http.stream("POST", fleet["url"] + "/v1/chat/completions", json=body) as r,
+    ):
         assert r.status_code == 200
-        received = 0
-        for _ in r.iter_bytes():
-            received += 1
+        for received, _ in enumerate(r.iter_bytes(), start=1):
             if received >= 3:
                 break
     # the stream was left after a few chunks: the engine must see the request cancelled, and soon
@@ -224,7 +254,7 @@ def test_client_disconnect_cancels_upstream(fleet: dict[str, Any]) -> None:
 def test_sigterm_drains_in_flight_streams(fleet: dict[str, Any], tmp_path: Path) -> None:
     """SIGTERM: streams already running finish normally; new connections are refused; the process exits."""
     tools = fleet["tools"]
-    engine_stats, ServerProcess, PY = tools.engine_stats, tools.ServerProcess, tools.PY  # noqa: N806
+    engine_stats, ServerProcess, PY = tools.engine_stats, tools.ServerProcess, tools.PY
     cfg = dict(fleet["config"])
     cfg["gateway"] = {**cfg["gateway"], "shutdown_grace_s": 20}
     path = tmp_path / "gw.yaml"
@@ -264,3 +294,28 @@ def test_sigterm_drains_in_flight_streams(fleet: dict[str, Any], tmp_path: Path)
         started.shutdown()
     finally:
         gateway.kill()
+
+
+def test_engine_rejection_is_relayed_not_retried(fleet: dict[str, Any]) -> None:
+    """An engine's own 400 (here: longer than its max_model_len) reaches the client as an OpenAI 400."""
+
+    def retries() -> float:
+        text = httpx.get(fleet["url"] + "/metrics").text
+        return sum(
+            float(ln.rsplit(" ", 1)[1])
+            for ln in text.splitlines()
+            if ln.startswith("fleetgate_upstream_retries_total")
+        )
+
+    before = retries()
+    with pytest.raises(openai.BadRequestError) as bad:
+        client(fleet["url"]).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=99999)
+    assert bad.value.status_code == 400
+    err = bad.value.body
+    assert isinstance(err, dict) and err["type"] == "invalid_request_error" and err["message"]
+    direct = httpx.post(
+        fleet["engines"][0].url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": MESSAGES, "max_tokens": 99999},
+    )
+    assert direct.status_code == 400 and direct.json()["error"]["message"] == err["message"]
+    assert retries() == before  # judged by the engine once, not retried on the other replica

@@ -32,7 +32,9 @@ def test_replica_crash_requests_still_succeed(start_engine: Any, start_gateway: 
     ok = 0
     for i in range(8):
         if i % 2:
-            chunks = list(c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, stream=True))
+            chunks = list(
+                c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, stream=True)
+            )
             assert chunks[-1].choices[0].finish_reason == "length"
         else:
             resp = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
@@ -60,7 +62,9 @@ def test_stalled_stream_ends_with_clean_error_event(start_engine: Any, start_gat
     assert time.monotonic() - t0 < 5
     # the official SDK turns that event into an exception rather than a silent truncation
     with pytest.raises(openai.APIError, match="stalled"):
-        for _ in client(gateway.url).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=50, stream=True):
+        for _ in client(gateway.url).chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=50, stream=True
+        ):
             pass
     # non-streamed requests are unaffected by this fault
     assert client(gateway.url).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3).choices
@@ -74,7 +78,9 @@ def test_failures_before_first_byte_are_retried_elsewhere(start_engine: Any, sta
     c = client(gateway.url)
     for stream in (False, True, False, True):
         if stream:
-            chunks = list(c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, stream=True))
+            chunks = list(
+                c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, stream=True)
+            )
             assert chunks[-1].choices[0].finish_reason == "length"
         else:
             resp = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
@@ -84,7 +90,9 @@ def test_failures_before_first_byte_are_retried_elsewhere(start_engine: Any, sta
 def test_all_replicas_failing_gives_openai_error(start_engine: Any, start_gateway: Any) -> None:
     failing = start_engine(MODEL, "--fault", "error_rate=1")
     gateway = start_gateway({MODEL: [failing]}, max_attempts=2)
-    r = httpx.post(gateway.url + "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES}, timeout=10)
+    r = httpx.post(
+        gateway.url + "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES}, timeout=10
+    )
     assert r.status_code == 502
     err = r.json()["error"]
     assert err["type"] == "server_error" and err["code"] == "upstream_error" and "r0" in err["message"]

@@ -248,7 +248,7 @@ async def test_slow_replica_is_suspect_not_killed(provider: LocalProcessProvider
     urls = await _replicas(provider, 1)
     (name,) = urls
     policy = HealthPolicy(
-        probe_idle_s=0.5, probe_timeout_s=5.0, slow_probe_s=0.05, suspect_probe_interval_s=0.3,
+        probe_idle_s=0.5, probe_timeout_s=5.0, slow_probe_s=0.15, suspect_probe_interval_s=0.3,
         starting_probe_interval_s=0.2,
     )  # fmt: skip
     mon = _monitor(provider, CollectorRegistry(), policy)
@@ -256,7 +256,7 @@ async def test_slow_replica_is_suspect_not_killed(provider: LocalProcessProvider
     await mon.start()
     try:
         await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 20)
-        await _fault(urls[name], "slow", 200.0)
+        await _fault(urls[name], "slow", 3000.0)  # a 1-token probe: ~12 ms -> ~0.5 s
         await _wait(lambda: mon.state(name) == HealthState.SUSPECT, 15)
         await asyncio.sleep(3.0)
         assert mon.routable(name)

@@ -10,6 +10,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -29,11 +31,11 @@ class Engine:
     def v1(self) -> str:
         return self.url + "/v1"
 
-    def client(self, **kw: object) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.v1, api_key="unused", max_retries=0, **kw)  # type: ignore[arg-type]
+    def client(self, **kw: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.v1, api_key="unused", max_retries=0, **kw)
 
-    def stats(self) -> dict[str, object]:
-        return httpx.get(self.url + "/admin/stats").json()  # type: ignore[no-any-return]
+    def stats(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/admin/stats").json()
 
     def metric(self, name: str) -> float:
         text = httpx.get(self.url + "/metrics").text
@@ -237,15 +239,29 @@ def test_metrics_use_vllm_names(engine: Engine) -> None:
         (b"[]", 400, None),
         (b'{"model": "sim-test"}', 400, "messages"),
         (b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "n"),
-        (b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', 400, "max_tokens"),
+        (
+            b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
+            400,
+            "max_tokens",
+        ),
         (b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "stop": 5}', 400, "stop"),
-        (b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "priority": "hi"}', 400, "priority"),
-        (b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "max_tokens": 99999}', 400, None),
+        (
+            b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "priority": "hi"}',
+            400,
+            "priority",
+        ),
+        (
+            b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "max_tokens": 99999}',
+            400,
+            None,
+        ),
         (b'{"model": "nope", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
     ],
 )
 def test_bad_requests_get_openai_errors(engine: Engine, body: bytes, status: int, param: str | None) -> None:
-    r = httpx.post(engine.v1 + "/chat/completions", content=body, headers={"content-type": "application/json"})
+    r = httpx.post(
+        engine.v1 + "/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
     assert r.status_code == status
     err = r.json()["error"]
     assert err["message"] and err["type"] in ("invalid_request_error",)
@@ -261,7 +277,7 @@ def test_error_rate_fault(engine: Engine) -> None:
     assert info.value.status_code == 500
     engine.fault("none")
     assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].text
-    assert engine.stats()["server"]["errors_injected"] >= 1  # type: ignore[index]
+    assert engine.stats()["server"]["errors_injected"] >= 1
 
 
 def test_hang_fault_keeps_health_and_resumes(engine: Engine) -> None:
@@ -273,7 +289,10 @@ def test_hang_fault_keeps_health_and_resumes(engine: Engine) -> None:
     result: list[str] = []
     t = threading.Thread(
         target=lambda: result.append(
-            engine.client(timeout=10).completions.create(model=MODEL, prompt="after", max_tokens=2).choices[0].text
+            engine.client(timeout=10)
+            .completions.create(model=MODEL, prompt="after", max_tokens=2)
+            .choices[0]
+            .text
         )
     )
     t.start()
@@ -298,16 +317,19 @@ def test_slow_fault_stretches_time(engine: Engine) -> None:
 
 def test_stall_fault_stops_stream_and_disconnect_cancels(engine: Engine) -> None:
     engine.fault("stall", 2)
-    before = engine.stats()["server"]["requests_cancelled"]  # type: ignore[index]
+    before = engine.stats()["server"]["requests_cancelled"]
     body = {"model": MODEL, "prompt": "stall", "max_tokens": 50, "stream": True}
     lines: list[str] = []
-    with httpx.Client(timeout=httpx.Timeout(5.0, read=0.5)) as http:
-        with http.stream("POST", engine.v1 + "/completions", json=body) as resp, pytest.raises(httpx.ReadTimeout):
-            for line in resp.iter_lines():
-                if line:
-                    lines.append(line)
+    with (
+        httpx.Client(timeout=httpx.Timeout(5.0, read=0.5)) as http,
+        http.stream("POST", engine.v1 + "/completions", json=body) as resp,
+        pytest.raises(httpx.ReadTimeout),
+    ):
+        for line in resp.iter_lines():
+            if line:
+                lines.append(line)
     assert len(lines) == 2 and "[DONE]" not in "".join(lines)
-    wait_for(lambda: engine.stats()["server"]["requests_cancelled"] == before + 1)  # type: ignore[index]
+    wait_for(lambda: engine.stats()["server"]["requests_cancelled"] == before + 1)
 
 
 def test_client_disconnect_cancels_request_in_engine(engine: Engine) -> None:
@@ -327,11 +349,13 @@ def test_client_disconnect_cancels_request_in_engine(engine: Engine) -> None:
     wait_for(lambda: engine.metric("fleetgate_sim_requests_cancelled_total") == before + 2)
     wait_for(lambda: engine.metric("vllm:num_requests_running") == 0)
     stats = engine.stats()
-    assert stats["engine"]["requests_cancelled"] >= 2  # type: ignore[index]
+    assert stats["engine"]["requests_cancelled"] >= 2
 
 
-def test_priority_field_orders_waiting_requests() -> None:
-    eng = start_engine("--time-scale", "0.2", "--max-num-seqs", "1")
+def test_priority_field_orders_waiting_requests(tmp_path: Path) -> None:
+    profile = tmp_path / "one-seq.yaml"
+    profile.write_text("perf:\n  max_num_seqs: 1\n  kv_capacity_tokens: 65536\n")
+    eng = start_engine("--time-scale", "0.1", "--profile", str(profile))
     try:
         done: list[str] = []
 
@@ -342,18 +366,18 @@ def test_priority_field_orders_waiting_requests() -> None:
             )
             done.append(name)
 
-        blocker = threading.Thread(target=send, args=("blocker", 0, 1500))
-        blocker.start()
-        wait_for(lambda: eng.metric("vllm:num_requests_running") == 1)
-        low = threading.Thread(target=send, args=("low", 10, 5))
-        low.start()
-        wait_for(lambda: eng.metric("vllm:num_requests_waiting") == 1)
-        high = threading.Thread(target=send, args=("high", -10, 5))
-        high.start()
-        wait_for(lambda: eng.metric("vllm:num_requests_waiting") == 2)
-        for t in (blocker, low, high):
+        # Freeze the engine so that all three queue up, in FCFS order blocker, low, high.
+        eng.fault("hang")
+        threads = []
+        for i, (name, prio) in enumerate((("blocker", 0), ("low", 10), ("high", -10))):
+            threads.append(threading.Thread(target=send, args=(name, prio, 200)))
+            threads[-1].start()
+            wait_for(lambda n=i + 1: eng.metric("vllm:num_requests_waiting") == n)  # type: ignore[misc]
+        eng.fault("none")
+        for t in threads:
             t.join(timeout=30)
-        assert done == ["blocker", "high", "low"]
+        # One sequence at a time (each ~80 ms of real time), lowest priority value first.
+        assert done == ["high", "blocker", "low"]
     finally:
         stop_engine(eng)
 
@@ -385,7 +409,8 @@ def test_hang_flag_and_time_scale_zero_throughput() -> None:
         eng.fault("none")
         client = eng.client()
         for i in range(50):
-            assert client.completions.create(model=MODEL, prompt=f"p{i}", max_tokens=4).usage.completion_tokens == 4  # type: ignore[union-attr]
+            usage = client.completions.create(model=MODEL, prompt=f"p{i}", max_tokens=4).usage
+            assert usage is not None and usage.completion_tokens == 4
     finally:
         stop_engine(eng)
 
@@ -396,3 +421,34 @@ def test_bad_fault_request_is_400(engine: Engine) -> None:
     r = httpx.post(engine.url + "/admin/fault", json={"kind": "error_rate", "value": 3})
     assert r.status_code == 400
     assert httpx.get(engine.url + "/admin/fault").json() == {"kind": "none", "value": None}
+
+
+def test_image_parts_are_charged_as_prompt_tokens(engine: Engine) -> None:
+    client = engine.client()
+    text_only = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "What is this?"}]}],
+        max_tokens=2,
+    )
+    with_image = client.chat.completions.create(
+        model=MODEL,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                ],
+            }
+        ],
+        max_tokens=2,
+    )
+    assert text_only.usage is not None and with_image.usage is not None
+    assert with_image.usage.prompt_tokens == text_only.usage.prompt_tokens + 576  # --image-tokens default
+
+
+def test_unknown_route_and_method_are_json_errors(engine: Engine) -> None:
+    r = httpx.get(engine.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["message"]
+    r = httpx.get(engine.v1 + "/chat/completions")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"

@@ -15,15 +15,15 @@ import openai
 import pytest
 
 from fleetgate.engines.llama import EngineProcess, free_port
-from fleetgate.engines.vllm_cpu import VllmCpuConfig, missing_vllm_parts, vllm_cpu_server
+from fleetgate.engines.vllm_cpu import (
+    VllmCpuConfig,
+    build_vllm_command,
+    missing_vllm_parts,
+    vllm_cpu_server,
+    vllm_env,
+)
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(
-        bool(missing_vllm_parts()), reason="vLLM CPU engine not built: " + "; ".join(missing_vllm_parts())
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 MODEL = "tiny-llama"
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", re.MULTILINE)
@@ -31,6 +31,9 @@ SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", re.MULTI
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    missing = missing_vllm_parts()
+    if missing:
+        pytest.skip("vLLM CPU engine not built: " + "; ".join(missing))
     log = tmp_path_factory.mktemp("vllm-logs") / "vllm.log"
     cfg = VllmCpuConfig(port=free_port(), max_model_len=2048, max_num_seqs=4, kv_cache_gib=1)
     proc = vllm_cpu_server(cfg, log_path=log)
@@ -68,6 +71,17 @@ def _chat(proc: EngineProcess, content: str, max_tokens: int, **extra: object) -
     resp = httpx.post(proc.url + "/v1/chat/completions", json=body, timeout=60)
     assert resp.status_code == 200, resp.text
     return resp.json()  # type: ignore[no-any-return]
+
+
+def test_command_line_uses_module_entrypoint_kv_cache_and_priority() -> None:
+    cfg = VllmCpuConfig(port=18124, kv_cache_gib=2)
+    cmd = build_vllm_command(cfg)
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # the `vllm` script fails on metadata
+    assert cmd[cmd.index("--scheduling-policy") + 1] == "priority"
+    assert "--enforce-eager" in cmd and "--enable-prefix-caching" in cmd
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert vllm_env(cfg)["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert vllm_env(cfg)["HF_HUB_OFFLINE"] == "1"
 
 
 def test_models_and_health(vllm: EngineProcess) -> None:

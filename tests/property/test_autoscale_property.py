@@ -1,4 +1,4 @@
-"""Properties of every autoscaler: always within [min, max]; fleetgate never scales down in panic or cooldown."""
+"""Properties of every autoscaler: within [min, max]; fleetgate never scales down in panic or cooldown."""
 
 from __future__ import annotations
 
@@ -83,7 +83,9 @@ def test_fleetgate_bounds_panic_and_cooldown(pol: AutoscalePolicy, seq: list[Any
     st.integers(0, 5),
     st.integers(0, 30),
     st.floats(0.5, 200.0),
-    st.lists(st.tuples(st.floats(0.1, 60.0), st.floats(0, 2000.0), st.integers(0, 40)), min_size=1, max_size=60),
+    st.lists(
+        st.tuples(st.floats(0.1, 60.0), st.floats(0, 2000.0), st.integers(0, 40)), min_size=1, max_size=60
+    ),
 )
 def test_kpa_bounds_and_panic(lo: int, span: int, target: float, seq: list[Any]) -> None:
     kpa = KpaAutoscaler(target_concurrency=target, min_replicas=lo, max_replicas=max(1, lo + span))
@@ -93,7 +95,11 @@ def test_kpa_bounds_and_panic(lo: int, span: int, target: float, seq: list[Any])
     for dt, conc, ready in seq:
         now += dt
         ctx = AutoscaleContext(
-            now_s=now, current_replicas=current, ready_replicas=ready, inflight_requests=conc, policy_state=state
+            now_s=now,
+            current_replicas=current,
+            ready_replicas=ready,
+            inflight_requests=conc,
+            policy_state=state,
         )
         desired, state = kpa.decide(ctx)
         assert kpa.min_replicas <= desired <= kpa.max_replicas

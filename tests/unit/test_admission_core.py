@@ -1,4 +1,7 @@
-"""Pure admission core: bucket math, reserve-then-settle, tiers, priority queue, VTC fairness (time passed in)."""
+"""Pure admission core: bucket math, reserve-then-settle, tiers, priority queue, VTC fairness.
+
+Time is passed in everywhere: the simulations below run minutes of traffic on a discrete clock.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ from fleetgate.core.admission import (
     BucketState,
     CapacityView,
     Charge,
-    ChargeKind,
     Decision,
     LocalAdmission,
     MemoryBuckets,
@@ -22,7 +24,6 @@ from fleetgate.core.admission import (
     Tier,
     format_duration,
     take_all,
-    wait_s,
 )
 from fleetgate.core.types import Priority, RequestInfo
 
@@ -172,14 +173,19 @@ def test_queue_waits_then_admits_in_order_and_deadline_expires() -> None:
     assert la.submit(gold, req("a", "gold"), 0.0) is not None
     assert la.submit(gold, req("b", "gold"), 0.0) is None  # waits ~1 s
     assert la.submit(gold, req("c", "gold"), 0.0) is None
-    assert la.submit(gold, req("d", "gold"), 0.0) is None  # would need 3 s > deadline, but estimate is 1 s
+    d = la.submit(gold, req("d", "gold"), 0.0)  # 1 s own wait + 2 MU queued ahead = 3 s > deadline
+    assert d is not None and d.reason == Reason.RATE_LIMITED and d.retry_after_s == pytest.approx(3.0)
     assert la.poll(0.5) == []
     out = la.poll(1.0)
     assert [(r.request_id, d.waited_s) for r, d in out] == [("b", 1.0)]
     out = la.poll(2.0)
     assert [r.request_id for r, d in out] == ["c"]
-    out = la.poll(2.6)
-    assert [(r.request_id, d.reason) for r, d in out] == [("d", Reason.DEADLINE)]
+    # an entry that was hopeful when queued still leaves at its deadline if others overtake it
+    assert la.submit(gold, req("e", "gold", priority=Priority.BATCH), 2.0, deadline_s=1.5) is None
+    assert la.submit(gold, req("f", "gold"), 2.5) is None  # interactive: goes first
+    assert [r.request_id for r, _ in la.poll(3.0)] == ["f"]
+    out = la.poll(3.6)
+    assert [(r.request_id, d.reason, d.status) for r, d in out] == [("e", Reason.DEADLINE, 429)]
     assert out[0][1].retry_after_s > 0
 
 
@@ -225,7 +231,10 @@ def test_full_queue_sheds_best_effort_first() -> None:
 
 # ------------------------------------------------------------------------------------ simulations
 def _simulate(
-    la: LocalAdmission, arrivals: list[tuple[float, TenantLimits, RequestInfo]], end: float, step: float = 0.01
+    la: LocalAdmission,
+    arrivals: list[tuple[float, TenantLimits, RequestInfo]],
+    end: float,
+    step: float = 0.01,
 ) -> dict[str, list[tuple[RequestInfo, Decision]]]:
     """Drive arrivals in time order and poll the queue every ``step`` (a discrete clock, no real time)."""
     out: dict[str, list[tuple[RequestInfo, Decision]]] = {}
@@ -257,11 +266,15 @@ def test_noisy_neighbour_cannot_hurt_a_reservation() -> None:
     free = TenantLimits("free", Priority.BEST_EFFORT, best_effort_mu_per_min=INF)
     rng = random.Random(3)
     horizon = 60.0
-    gold_arrivals = [(k * 0.6 + rng.uniform(0, 0.05), gold, req(f"g{k}", "gold")) for k in range(int(horizon / 0.6))]
+    gold_arrivals = [
+        (k * 0.6 + rng.uniform(0, 0.05), gold, req(f"g{k}", "gold")) for k in range(int(horizon / 0.6))
+    ]
     free_arrivals = [(k * 0.03, free, req(f"f{k}", "free")) for k in range(int(horizon / 0.03))]
 
     alone = _simulate(LocalAdmission(settings, lambda _m: cap), gold_arrivals, horizon + 3, step=0.02)
-    noisy = _simulate(LocalAdmission(settings, lambda _m: cap), gold_arrivals + free_arrivals, horizon + 3, 0.02)
+    noisy = _simulate(
+        LocalAdmission(settings, lambda _m: cap), gold_arrivals + free_arrivals, horizon + 3, 0.02
+    )
 
     def gold_stats(res: dict[str, list[tuple[RequestInfo, Decision]]]) -> tuple[float, float]:
         ds = [d for _, d in res["gold"]]
@@ -294,3 +307,32 @@ def test_vtc_gives_a_light_best_effort_tenant_its_demand_against_a_heavy_one() -
     heavy_ok = sum(1 for _, d in res["heavy"] if d.allowed)
     assert light_ok >= 0.97 * len(res["light"])  # the light tenant is under its fair share: fully served
     assert heavy_ok * 1.0 >= (80.0 - 30.0) * horizon / 60.0 * 0.9  # the heavy one gets the rest
+
+
+def test_sim_admission_hook_admits_or_rejects_at_once() -> None:
+    from fleetgate.core.admission import SimAdmission
+
+    gold = TenantLimits("gold", reserved_mu_per_min={"m": 60.0})
+    sim = SimAdmission({"gold": gold}, capacity_of=lambda _m: CapacityView(120.0, 60.0))
+    a, b = req("a", "gold", cost=2.0), req("b", "gold", cost=1.0)
+    assert sim.admit(a, 0.0)
+    assert not sim.admit(b, 0.0) and sim.rejected == {"gold": 1}
+    assert sim.local.queued == 0
+    sim.settle(a, 0.5, 0.0)  # refund 1.5 MU: level 0.5
+    assert not sim.admit(b, 0.4)
+    assert sim.admit(b, 0.5)
+    assert sim.admit(req("anon", "nobody", cost=1000.0), 0.5)  # unknown tenants: the default (unlimited)
+
+
+def test_deadline_status_follows_what_the_request_waited_for() -> None:
+    cap = CapacityView(60.0)  # fleet meter 0.8 MU/s, burst 1.6 MU
+    la = LocalAdmission(AdmissionSettings(default_deadline_s=1.0), capacity_of=lambda _m: cap)
+    free = TenantLimits("free", Priority.BEST_EFFORT, best_effort_mu_per_min=INF)
+    gold = TenantLimits("gold", reserved_mu_per_min={"m": 60.0})
+    assert la.submit(free, req("f0", "free", cost=1.6), 0.0) is not None
+    assert la.submit(free, req("f1", "free", cost=0.5), 0.0) is None  # needs 0.625 s of idle capacity
+    assert la.submit(gold, req("g0", "gold", cost=5.0), 0.1) is not None  # reserved traffic takes it first
+    out = la.poll(1.2)
+    assert [(r.request_id, d.reason, d.cause, d.status) for r, d in out] == [
+        ("f1", Reason.DEADLINE, Reason.SATURATED, 503)
+    ]

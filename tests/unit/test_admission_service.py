@@ -37,7 +37,10 @@ def cfg(**admission: object) -> dict[str, object]:
             {
                 "model": "m",
                 "capacity_mu_per_min": 60,
-                "replicas": [{"name": "r0", "url": "http://127.0.0.1:1"}, {"name": "r1", "url": "http://127.0.0.1:2"}],
+                "replicas": [
+                    {"name": "r0", "url": "http://127.0.0.1:1"},
+                    {"name": "r1", "url": "http://127.0.0.1:2"},
+                ],
             }
         ],
         "tenants": [
@@ -47,7 +50,12 @@ def cfg(**admission: object) -> dict[str, object]:
                 "reserved_mu_per_min": {"m": 60},
                 "requests_per_minute": 600,
             },
-            {"name": "free", "api_keys": ["sk-free"], "priority": "best_effort", "best_effort_mu_per_min": None},
+            {
+                "name": "free",
+                "api_keys": ["sk-free"],
+                "priority": "best_effort",
+                "best_effort_mu_per_min": None,
+            },
         ],
         "admission": {"admin_api_keys": ["sk-admin"], **admission},
     }
@@ -164,6 +172,9 @@ async def test_queued_request_waits_and_is_admitted_when_a_refund_frees_room() -
     waiter = asyncio.create_task(svc.admit(gold, req("b", 1.0), clock()))
     await asyncio.sleep(0.05)
     assert not waiter.done() and len(svc.core.queue) == 1
+    clock.t += 0.2  # the RPM meter (600/min, no burst) needs 0.1 s; the MU meter would need 20 s
+    await asyncio.sleep(0.6)
+    assert not waiter.done()
     svc.release(first)  # never ran: the whole estimate comes back
     ticket = await asyncio.wait_for(waiter, 2.0)
     assert ticket.decision.allowed and ticket.waited_s >= 0
@@ -238,3 +249,24 @@ async def test_admin_routes_isolate_tenants() -> None:
 
 def test_memory_store_is_the_default() -> None:
     assert isinstance(service().store, MemoryStore)
+
+
+async def test_best_effort_follows_live_replica_capacity() -> None:
+    from fleetgate.core.types import HealthState, ReplicaSnapshot
+
+    clock = FakeClock()
+    svc = service(clock, deadline_s=0, fleet_burst_s=0)
+    replicas = [
+        ReplicaSnapshot("r0", capacity_mu_per_min=60.0),
+        ReplicaSnapshot("r1", capacity_mu_per_min=60.0),
+    ]
+    svc.use_replica_capacity(lambda m: replicas if m == "m" else None)
+    assert svc.capacity("m") is not None and svc.capacity("m").capacity_mu_per_min == 120.0  # type: ignore[union-attr]
+    replicas[1] = ReplicaSnapshot("r1", health=HealthState.UNHEALTHY, capacity_mu_per_min=60.0)
+    view = svc.capacity("m")
+    assert view is not None and view.capacity_mu_per_min == 60.0 and view.sold_mu_per_min == 60.0
+    free = svc.authenticate("Bearer sk-free")
+    await svc.admit(free, req("f1", 8.0), clock())  # fleet meter now 48 MU/min = 0.8 MU/s
+    with pytest.raises(ServiceUnavailableError) as e:
+        await svc.admit(free, req("f2", 1.0), clock())
+    assert e.value.retry_after_s == pytest.approx(10.0)

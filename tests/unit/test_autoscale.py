@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
 from dataclasses import dataclass
 
 import pytest
@@ -132,7 +132,7 @@ def test_scale_down_waits_for_delay_then_steps_down_at_rate() -> None:
     downs = [i for i in range(1, len(seq)) if seq[i] < seq[i - 1]]
     assert downs, seq[-5:]
     assert all(seq[i - 1] - seq[i] == 1 for i in downs)
-    assert all(b - a >= 30 for a, b in zip(downs, downs[1:], strict=False))
+    assert all(b - a >= 30 for a, b in itertools.pairwise(downs))
     run.hold(800, 1200, 70.0)
     assert run.current == 1
 
@@ -217,7 +217,3 @@ def test_policy_validation(bad: dict[str, float]) -> None:
 def test_policy_rejects_unknown_params() -> None:
     with pytest.raises(ValueError, match="unknown"):
         AutoscalePolicy.from_params({"targt": 0.5})
-
-
-def _unused(_: Sequence[int]) -> None:  # keeps the import of Sequence honest for type checkers
-    return None

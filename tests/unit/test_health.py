@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -206,7 +207,7 @@ def test_crash_loop_backs_off_exponentially() -> None:
     d = Driver(rh, engine=lambda _: (False, 0.001, "refused"), restart_s=1.0)  # never comes back
     d.run_until(300.0)
     times = [t for t, _ in d.remediations]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     # Each gap: restart (1 s) + startup timeout (10 s) + backoff (5, 10, 20, 40, 40 ...).
     assert len(times) >= 5
     assert gaps[0] == pytest.approx(1 + 10 + 5, abs=0.2)
@@ -241,3 +242,13 @@ def test_policy_validation() -> None:
         HealthPolicy(error_ratio_suspect=0.9, error_ratio_unhealthy=0.5)
     with pytest.raises(ValueError, match="unknown"):
         HealthPolicy.from_params({"probe_timeout": 1})
+
+
+def test_a_probes_own_tokens_are_not_progress() -> None:
+    rh = ReplicaHealth("r", HealthPolicy(min_progress_tokens=16), now=0.0, initial=H.HEALTHY)
+    rh.on_progress(1.0, 100.0)
+    rh.on_progress(2.0, 103.0)  # one probe: a few prompt tokens and one output token
+    rh.on_progress(3.0, 106.0)
+    assert rh.last_progress_s == -float("inf")
+    rh.on_progress(4.0, 140.0)  # real work
+    assert rh.last_progress_s == 4.0

@@ -43,6 +43,10 @@ def test_completions_prompt_forms() -> None:
     assert parse_request({"model": "m", "prompt": [1, 2, 3]}, "completions").input_tokens == 3
     assert parse_request({"model": "m", "prompt": [[1, 2], [3]]}, "completions").input_tokens == 3
     assert parse_request({"model": "m", "prompt": ["a", "b"]}, "completions").prompt_text == "ab"
+    long = "The quick brown fox jumps over the lazy dog. " * 20
+    parsed = parse_request({"model": "m", "prompt": long}, "completions", block_tokens=8)
+    assert parsed.prefix_hashes == block_hashes(long, 8) and len(parsed.prefix_hashes) >= 2
+    assert parsed.request_info("r").prefix_block_tokens == 8
 
 
 def test_multimodal_parts_counted() -> None:

@@ -233,14 +233,14 @@ def test_cancel_waiting_and_running() -> None:
 
 
 def _drive(
-    macro: bool, seed: int
+    macro: bool, seed: int, budget: int = 96
 ) -> tuple[dict[str, float], dict[str, float], dict[str, int], tuple[int, ...]]:
     rng = random.Random(seed)
     params = PerfParams(
         max_num_seqs=6,
         kv_capacity_tokens=1024,
         block_tokens=16,
-        max_num_batched_tokens=96,
+        max_num_batched_tokens=budget,
         prefix_cache_blocks=20,
         step_overhead_s=0.003,
         prefill_s_per_token=2e-4,
@@ -293,10 +293,10 @@ def _drive(
     return first, finished, emitted, counters
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_macro_steps_equal_single_steps(seed: int) -> None:
-    f1, d1, e1, c1 = _drive(macro=True, seed=seed)
-    f2, d2, e2, c2 = _drive(macro=False, seed=seed)
+@pytest.mark.parametrize(("seed", "budget"), [(1, 96), (2, 96), (3, 96), (4, 4)])
+def test_macro_steps_equal_single_steps(seed: int, budget: int) -> None:
+    f1, d1, e1, c1 = _drive(macro=True, seed=seed, budget=budget)
+    f2, d2, e2, c2 = _drive(macro=False, seed=seed, budget=budget)
     assert c1 == c2
     assert e1 == e2
     assert f1.keys() == f2.keys() and d1.keys() == d2.keys()
@@ -318,3 +318,29 @@ def test_params_from_yaml(tmp_path: Path) -> None:
         PerfParams.from_yaml(path)
     with pytest.raises(ValueError):
         PerfParams(max_num_seqs=0)
+
+
+def test_fault_parsing() -> None:
+    from fleetgate.core.errors import InvalidRequestError
+    from fleetgate.simengine.faults import Fault, fault_from_json, parse_fault
+
+    assert parse_fault("hang") == Fault("hang", None)
+    assert parse_fault("slow") == Fault("slow", 10.0)
+    assert parse_fault("error_rate=0.25") == Fault("error_rate", 0.25)
+    assert fault_from_json({"kind": "stall", "value": 3}) == Fault("stall", 3.0)
+    for bad in ("melt", "slow=0", "error_rate=2", "stall=x"):
+        with pytest.raises(InvalidRequestError):
+            parse_fault(bad)
+    with pytest.raises(InvalidRequestError):
+        fault_from_json({"kind": "hang", "extra": 1})
+
+
+def test_quadratic_prefill_term_independent_of_chunking() -> None:
+    base = SIMPLE.with_overrides(prefill_s_per_token=0.0, prefill_s_per_token_sq=1e-6, step_overhead_s=1e-9)
+    times = []
+    for budget in (None, 7, 64):
+        m = EngineModel(base if budget is None else base.with_overrides(max_num_batched_tokens=budget))
+        m.submit(EngineRequest("a", 200, 1), 0.0)
+        times.append(m.run_until_idle().finished["a"])
+    # 200^2 * 1e-6 = 0.04 s of prefill, plus a negligible overhead per iteration.
+    assert times == [pytest.approx(0.04, abs=1e-6)] * 3

@@ -103,3 +103,21 @@ def test_render_chat_prompt() -> None:
 def test_count_and_hash_matches_separate_calls() -> None:
     text = "Some prompt text, repeated for a while. " * 20
     assert count_and_hash(text, 8) == (count_tokens(text), block_hashes(text, 8))
+
+
+def test_simengine_filler_words_are_one_token_each() -> None:
+    from fleetgate.simengine.textgen import WORDS, plan_output, start_index, tokens_text
+
+    assert all(count_tokens(w) == 1 for w in WORDS)
+    start = start_index("some prompt")
+    assert start == start_index("some prompt")
+    assert count_tokens(tokens_text(start, 0, 137)) == 137
+    plan = plan_output(start, 20, [])
+    assert (plan.tokens, plan.finish_reason, plan.text_chars) == (20, "length", None)
+    assert plan_output(start, 20, [], eos_at=5).finish_reason == "stop"
+    text = tokens_text(start, 0, 20)
+    stop = text.split()[6]
+    stopped = plan_output(start, 20, [stop])
+    assert stopped.finish_reason == "stop" and stopped.text_chars is not None
+    assert stop not in text[: stopped.text_chars].split()
+    assert stopped.tokens <= 7 + 1

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,8 +46,9 @@ from fleetgate.core.admission import (
     estimated_tokens,
     settle_deltas,
 )
+from fleetgate.core.capacity import capacity_of
 from fleetgate.core.errors import FleetgateError, RateLimitError, ServiceUnavailableError
-from fleetgate.core.types import RequestInfo, Usage
+from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage
 from fleetgate.stores import AdmissionStore, StoreUnavailableError, build_store
 
 log = logging.getLogger("fleetgate.admission")
@@ -103,6 +104,7 @@ class AdmissionService:
         clock: Callable[[], float] = time.monotonic,
         metrics: AdmissionMetrics | None = None,
         registry: CollectorRegistry | None = None,
+        time_scale: float = 1.0,
     ) -> None:
         self.directory = directory
         self.store = store
@@ -110,6 +112,7 @@ class AdmissionService:
         self.core = AdmissionCore(self.settings)
         self.fail_open = fail_open
         self.clock = clock
+        self.time_scale = time_scale  # clock seconds per real second (tests run a faster clock)
         self.metrics = metrics or AdmissionMetrics(registry)
         self.metrics.watch(lambda: len(self.core.queue), lambda: bool(getattr(self.store, "available", True)))
         self._capacity_of = capacity_of
@@ -134,6 +137,7 @@ class AdmissionService:
         capacity_of: Callable[[str], CapacityView | None] | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] | None = None,
+        time_scale: float = 1.0,
     ) -> AdmissionService:
         """Everything from the config tree; ``capacity_of`` (e.g. from the capacity ledger) overrides the
         static capacity (replicas x ``capacity_mu_per_min``) of each deployment."""
@@ -159,6 +163,7 @@ class AdmissionService:
             fail_open=adm.store.fail_open,
             clock=clock,
             registry=registry,
+            time_scale=time_scale,
         )
 
     async def start(self) -> None:
@@ -193,6 +198,19 @@ class AdmissionService:
     def authenticate(self, authorization_header: str | None) -> Tenant:
         """``Authorization: Bearer <key>`` -> tenant; raises AuthenticationError (401)."""
         return self.directory.authenticate(authorization_header)
+
+    def use_replica_capacity(self, snapshots_of: Callable[[str], Iterable[ReplicaSnapshot] | None]) -> None:
+        """Take each deployment's capacity live from its replicas (routable ones' ``capacity_mu_per_min``),
+        e.g. ``service.use_replica_capacity(lambda m: fleet.deployments[m].snapshots() if m in
+        fleet.deployments else None)``: best-effort then follows scaling and health at once."""
+
+        def view(model: str) -> CapacityView | None:
+            snaps = snapshots_of(model)
+            if snaps is None:
+                return None
+            return CapacityView(capacity_of(snaps), self.directory.sold_mu_per_min(model))
+
+        self._capacity_of = view
 
     def set_capacity(self, model: str, capacity_mu_per_min: float) -> None:
         """Update a deployment's capacity (e.g. after scaling) when no ``capacity_of`` was given."""
@@ -249,6 +267,11 @@ class AdmissionService:
 
     async def _admit_queued(self, tenant: Tenant, entry: QueueEntry, now: float) -> Decision:
         fut: asyncio.Future[Decision] | None = None
+        if len(self.core.queue) == 0:
+            # Fast path: nobody waits, so no order to keep; concurrent takes are atomic in the store.
+            await self._pump(now, only=entry)
+            if entry.decision is not None:
+                return entry.decision
         async with self._lock:
             accepted, evicted = self.core.enqueue(entry, now)
             if evicted is not None:
@@ -329,7 +352,7 @@ class AdmissionService:
                 deadline = self.core.queue.next_deadline()
                 if deadline is not None:
                     delay = min(delay, deadline - now)
-                delay = min(max(delay, 0.001), 0.5)
+                delay = min(max(delay / self.time_scale, 0.001), 0.5)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay)
@@ -364,7 +387,11 @@ class AdmissionService:
                 f"Admission state is unavailable. {wait}", retry_after_s=retry, headers=headers
             )
         if decision.reason == Reason.SATURATED or decision.status == 503:
-            what = "queue is full" if decision.reason == Reason.QUEUE_FULL else "has no idle capacity"
+            what = (
+                "has a full admission queue"
+                if decision.reason == Reason.QUEUE_FULL
+                else "has no idle capacity"
+            )
             if decision.reason == Reason.DEADLINE:
                 what = "had no idle capacity before the request's deadline"
             return ServiceUnavailableError(

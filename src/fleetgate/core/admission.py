@@ -449,6 +449,7 @@ class Decision:
     headers: Mapping[str, str] = field(default_factory=dict)
     admitted_s: float | None = None
     waited_s: float = 0.0
+    cause: Reason | None = None  # for QUEUE_FULL / DEADLINE: what the request was waiting for
 
     def __post_init__(self) -> None:
         if self.allowed != (self.retry_after_s <= 0):
@@ -461,8 +462,10 @@ class Decision:
             return 200
         if self.reason in (Reason.SATURATED, Reason.STORE_UNAVAILABLE):
             return 503
-        if self.reason in (Reason.QUEUE_FULL, Reason.DEADLINE) and self.tier == Tier.BEST_EFFORT:
-            return 503
+        if self.reason == Reason.QUEUE_FULL and self.tier == Tier.BEST_EFFORT:
+            return 503  # best-effort shed from a full queue
+        if self.reason == Reason.DEADLINE and self.cause == Reason.SATURATED:
+            return 503  # waited for idle capacity that never came
         return 429
 
 
@@ -492,6 +495,7 @@ class QueueEntry:
     last_charges: tuple[Charge, ...] = ()
     last_states: Mapping[str, BucketState] = field(default_factory=dict)
     last_blocked: tuple[ChargeKind, ...] = ()
+    blocked_wait_s: float = 0.0  # when skipped behind an entry blocked on the same meter: that entry's wait
     decision: Decision | None = None
     plans: tuple[CapacityView | None, tuple[tuple[Tier, tuple[Charge, ...]], ...]] | None = None
 
@@ -600,7 +604,8 @@ class PumpPass:
             for e in core.queue.expired(now):
                 core.finish_rejected(e, Reason.DEADLINE, now)
                 self.finished.append(e)
-        self._blocked: set[str] = set()
+        self._blocked: dict[str, float] = {}  # meter key -> wait of the entry it blocked
+        self._blocked_states: dict[str, BucketState] = {}
         self._order: Iterator[QueueEntry] = iter([only] if only is not None else core.queue.ordered())
         self._pending: list[Attempt] = []
         self.min_retry_s: float | None = None
@@ -611,7 +616,9 @@ class PumpPass:
                 a = self._pending.pop(0)
                 if a.entry.decision is not None or (self._only is None and a.entry not in self.core.queue):
                     continue
-                if any(c.enforce and c.key in self._blocked for c in a.charges):
+                blocked = [c.key for c in a.charges if c.enforce and c.key in self._blocked]
+                if blocked:
+                    self._skip(a, blocked)
                     continue
                 return a
             entry = next(self._order, None)
@@ -623,6 +630,17 @@ class PumpPass:
                 entry.plans = (cap, tuple((t, plan_charges(tenant, r, t, cap, st)) for t in entry.tiers))
             self._pending = [Attempt(entry, t, charges) for t, charges in entry.plans[1]]
 
+    def _skip(self, a: Attempt, blocked: list[str]) -> None:
+        """``a`` waits behind an earlier entry blocked on the same meter(s): remember why, for its verdict."""
+        entry = a.entry
+        entry.blocked_wait_s = max(self._blocked[k] for k in blocked)
+        if entry.last_tier is None and a.tier == entry.tiers[0]:
+            kinds = {c.key: c.kind for c in a.charges}
+            entry.last_reason = denial_reason(a.charges, blocked)
+            entry.last_blocked = tuple(kinds[k] for k in blocked)
+            entry.last_charges = a.charges
+            entry.last_states = {k: self._blocked_states[k] for k in blocked if k in self._blocked_states}
+
     def report(self, attempt: Attempt, outcome: TakeOutcome) -> None:
         entry = attempt.entry
         if outcome.allowed:
@@ -630,7 +648,10 @@ class PumpPass:
             self.core.finish_admitted(entry, attempt, outcome)
             self.finished.append(entry)
             return
-        self._blocked.update(outcome.blocked)
+        for k in outcome.blocked:
+            self._blocked[k] = max(self._blocked.get(k, 0.0), outcome.retry_after_s)
+            if k in outcome.states:
+                self._blocked_states.setdefault(k, outcome.states[k])
         reason = denial_reason(attempt.charges, outcome.blocked)
         # The first tier (the reservation when there is one) names the verdict; any tier may shorten the wait.
         if attempt.tier == entry.tiers[0] or entry.last_tier is None:
@@ -712,10 +733,61 @@ class AdmissionCore:
         """A pass over the whole queue, or over ``only`` (an entry the full queue refused)."""
         return PumpPass(self, now, capacity_of, only)
 
+    def estimated_wait(self, entry: QueueEntry) -> float:
+        """The entry's own wait plus the time to drain what will be served before it on the meters it needs.
+
+        Served before it: its tenant's entries ranked ahead, every entry of a higher class, and from each
+        other tenant of its class about as much as its own tenant gets meanwhile (what VTC converges to).
+        """
+        own = entry.retry_after_s if entry.last_tier is not None else entry.blocked_wait_s
+        if entry.plans is None or not entry.plans[1]:
+            return own
+        first = [c for c in entry.plans[1][0][1] if c.enforce]
+        if not first:
+            return own
+        keys = {c.key for c in first}
+        order = PRIORITY_ORDER[entry.priority]
+        rank = self.queue._rank(entry)
+        mine: dict[str, float] = dict.fromkeys(keys, 0.0)
+        higher: dict[str, float] = dict.fromkeys(keys, 0.0)
+        peers: dict[tuple[str, str], float] = {}
+        weights: dict[str, float] = {}
+        for other in self.queue.ordered():
+            if other is entry or other.plans is None or not other.plans[1]:
+                continue
+            o = PRIORITY_ORDER[other.priority]
+            if o > order:
+                continue
+            for c in other.plans[1][0][1]:
+                if c.key not in keys:
+                    continue
+                if other.tenant.name == entry.tenant.name:
+                    if self.queue._rank(other) < rank:
+                        mine[c.key] += c.amount
+                elif o < order:
+                    higher[c.key] += c.amount
+                else:
+                    peers[(other.tenant.name, c.key)] = peers.get((other.tenant.name, c.key), 0.0) + c.amount
+                    weights[other.tenant.name] = other.tenant.weight
+        w_self = entry.tenant.weight if entry.tenant.weight > 0 else 1.0
+        wait = 0.0
+        for c in first:
+            share = mine[c.key] + c.amount
+            ahead = mine[c.key] + higher[c.key]
+            for (name, key), mu in peers.items():
+                if key == c.key:
+                    ahead += min(mu, share * weights[name] / w_self)
+            wait = max(wait, ahead / c.params.rate_per_s)
+        return own + wait
+
     def give_up_if_hopeless(self, entry: QueueEntry, now: float) -> bool:
-        """Reject a still-queued entry now when its best wait ends after its deadline."""
-        if entry in self.queue and now + entry.retry_after_s > entry.deadline_s:
+        """Reject a still-queued entry now when its estimated wait ends after its deadline."""
+        if entry not in self.queue:
+            return False
+        wait = self.estimated_wait(entry)
+        if now + wait > entry.deadline_s:
             self.queue.remove(entry)
+            entry.retry_after_s = max(entry.retry_after_s, wait)
             self.finish_rejected(entry, entry.last_reason, now)
             return True
         return False
@@ -743,9 +815,9 @@ class AdmissionCore:
         if reason in (Reason.QUEUE_FULL, Reason.DEADLINE) and entry.priority == Priority.BEST_EFFORT:
             tier = Tier.BEST_EFFORT
         headers = rate_limit_headers(entry.last_charges, entry.last_states, now)
-        entry.decision = Decision(
-            False, retry, reason, tier, (), headers, waited_s=max(0.0, now - entry.enqueued_s)
-        )
+        cause = entry.last_reason if entry.last_tier is not None or entry.last_blocked else None
+        waited = max(0.0, now - entry.enqueued_s)
+        entry.decision = Decision(False, retry, reason, tier, (), headers, waited_s=waited, cause=cause)
 
     def settled(
         self, decision: Decision, tenant: TenantLimits, request: RequestInfo, actual_mu: float
@@ -853,3 +925,38 @@ class LocalAdmission:
     @property
     def queued(self) -> int:
         return len(self.core.queue)
+
+
+class SimAdmission:
+    """The simulator's admission hook (``sim.des.Admission``): admit now or reject, no waiting.
+
+    Requests name their tenant in ``RequestInfo.tenant``; unknown tenants get ``default``.
+    """
+
+    def __init__(
+        self,
+        tenants: Mapping[str, TenantLimits],
+        settings: AdmissionSettings | None = None,
+        capacity_of: Callable[[str], CapacityView | None] | None = None,
+        default: TenantLimits = ANONYMOUS,
+    ) -> None:
+        self.local = LocalAdmission(settings, capacity_of)
+        self.tenants = dict(tenants)
+        self.default = default
+        self._admitted: dict[str, Decision] = {}
+        self.rejected: dict[str, int] = {}
+
+    def admit(self, request: RequestInfo, now: float) -> bool:
+        tenant = self.tenants.get(request.tenant, self.default)
+        d = self.local.submit(tenant, request, now, deadline_s=0.0)  # zero deadline: decided now
+        if d is not None and d.allowed:
+            self._admitted[request.request_id] = d
+            return True
+        self.rejected[request.tenant] = self.rejected.get(request.tenant, 0) + 1
+        return False
+
+    def settle(self, request: RequestInfo, cost_mu: float, now: float) -> None:
+        d = self._admitted.pop(request.request_id, None)
+        if d is not None:
+            tenant = self.tenants.get(request.tenant, self.default)
+            self.local.settle(tenant, request, d, cost_mu, now)

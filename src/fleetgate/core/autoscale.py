@@ -49,7 +49,7 @@ class AutoscalePolicy:
 
     target_utilisation: float = 0.7
     min_replicas: int = 1
-    max_replicas: int = 32
+    max_replicas: int = 1024
     warm_floor: int = 1
     idle_to_min_s: float = 1800.0
     stable_window_s: float = 60.0

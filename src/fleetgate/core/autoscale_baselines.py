@@ -90,7 +90,7 @@ class KpaAutoscaler:
     max_scale_down_rate: float = 2.0
     scale_down_delay_s: float = 0.0
     min_replicas: int = 1
-    max_replicas: int = 32
+    max_replicas: int = 1024
     name: str = field(default="kpa")
 
     def __post_init__(self) -> None:

@@ -152,7 +152,7 @@ def sweep_design(
 def default_design(quick: bool = False) -> list[SweepPoint]:
     """The standard calibration sweep (``quick``: a 3x3 design with a short ladder, for tests and demos)."""
     if quick:
-        return sweep_design([32, 256, 1024], [4, 32, 96], [1, 4, 16, 32])
+        return sweep_design([32, 256, 1024], [4, 32, 96], [4, 16, 32])
     return sweep_design([16, 128, 512, 1024, 2048], [4, 32, 96, 256], [1, 2, 4, 8, 16, 32, 64])
 
 

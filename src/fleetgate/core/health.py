@@ -42,6 +42,7 @@ class HealthPolicy:
     failures_to_unhealthy: int = 2
     progress_grace_s: float = 10.0
     slow_probe_s: float = 2.0
+    min_progress_tokens: float = 16.0
     successes_to_healthy: int = 2
     starting_probe_interval_s: float = 0.5
     startup_timeout_s: float = 120.0
@@ -188,8 +189,13 @@ class ReplicaHealth:
         return self._judge_errors(now)
 
     def on_progress(self, now: float, counter: float) -> list[HealthEvent]:
-        """A generated-token (or prompt-token) counter scraped from /metrics; growth is evidence of work."""
+        """A generated-token (or prompt-token) counter scraped from /metrics; growth is evidence of work.
+
+        Growth below ``min_progress_tokens`` is ignored (the baseline stays): a probe's own few tokens must
+        not make an idle, slow replica look busy."""
         prev = self.progress_counter
+        if prev is not None and prev <= counter < prev + self.policy.min_progress_tokens:
+            return []  # too little to be real work (a probe's own few tokens); keep the baseline
         self.progress_counter = counter
         if prev is None or counter <= prev:
             return []  # first sample, no progress, or the counter reset (engine restarted)

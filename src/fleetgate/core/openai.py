@@ -15,7 +15,7 @@ import orjson
 
 from fleetgate.core.errors import InvalidRequestError
 from fleetgate.core.sse import DONE_DATA, SSEParser
-from fleetgate.core.tokenize import block_hashes, count_tokens, render_chat_prompt
+from fleetgate.core.tokenize import block_hashes, count_and_hash, render_chat_prompt
 from fleetgate.core.types import Priority, RequestInfo, Usage
 
 Endpoint = Literal["chat", "completions"]
@@ -37,6 +37,8 @@ class ParsedRequest:
     prompt_text: str
     input_tokens: int
     image_parts: int = 0
+    prefix_hashes: tuple[int, ...] = ()
+    block_tokens: int = 16
 
     def request_info(
         self,
@@ -48,10 +50,9 @@ class ParsedRequest:
         priority: Priority = Priority.INTERACTIVE,
         session_key: str | None = None,
         arrival_s: float = 0.0,
-        block_tokens: int = 16,
         image_tokens: int = 0,
     ) -> RequestInfo:
-        """The core's view of this request (prefix hashes computed here, once)."""
+        """The core's view of this request."""
         return RequestInfo(
             request_id=request_id,
             model=self.model,
@@ -63,8 +64,8 @@ class ParsedRequest:
             stream=self.stream,
             priority=priority,
             session_key=session_key,
-            prefix_hashes=block_hashes(self.prompt_text, block_tokens),
-            prefix_block_tokens=block_tokens,
+            prefix_hashes=self.prefix_hashes,
+            prefix_block_tokens=self.block_tokens,
             image_tokens=image_tokens,
             arrival_s=arrival_s,
         )
@@ -83,8 +84,12 @@ def load_json_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_request(body: Mapping[str, Any], endpoint: Endpoint) -> ParsedRequest:
-    """Validate the fields the gateway relies on and extract them; raise ``InvalidRequestError`` otherwise."""
+def parse_request(body: Mapping[str, Any], endpoint: Endpoint, block_tokens: int = 16) -> ParsedRequest:
+    """Validate the fields the gateway relies on and extract them; raise ``InvalidRequestError`` otherwise.
+
+    Token count and prefix block hashes (``block_tokens`` per block) come from one pass of the shared
+    tokenizer approximation, so they agree with what the simulated engine caches.
+    """
     model = body.get("model")
     if model is None:
         raise InvalidRequestError("you must provide a model parameter", param="model")
@@ -126,9 +131,13 @@ def parse_request(body: Mapping[str, Any], endpoint: Endpoint) -> ParsedRequest:
         assert isinstance(messages, list)
         text = render_chat_prompt(messages)
         image_parts = _count_image_parts(messages)
-        input_tokens = count_tokens(text)
+        input_tokens, hashes = count_and_hash(text, block_tokens)
     else:
-        text, input_tokens = _prompt_text(body.get("prompt"))
+        text, ids = _prompt_text(body.get("prompt"))
+        if ids is None:
+            input_tokens, hashes = count_and_hash(text, block_tokens)
+        else:
+            input_tokens, hashes = ids, block_hashes(text, block_tokens)
     return ParsedRequest(
         endpoint=endpoint,
         body=dict(body),
@@ -139,6 +148,8 @@ def parse_request(body: Mapping[str, Any], endpoint: Endpoint) -> ParsedRequest:
         prompt_text=text,
         input_tokens=input_tokens,
         image_parts=image_parts,
+        prefix_hashes=hashes,
+        block_tokens=block_tokens,
     )
 
 
@@ -194,17 +205,16 @@ def _count_image_parts(messages: Sequence[Mapping[str, Any]]) -> int:
     return count
 
 
-def _prompt_text(prompt: Any) -> tuple[str, int]:
-    """Text and token count of a completions ``prompt`` (string, strings, token ids, or lists of ids)."""
+def _prompt_text(prompt: Any) -> tuple[str, int | None]:
+    """Text of a completions ``prompt`` (string, strings, token ids, or lists of ids), and its token count
+    when it is given as token ids (``None``: count the text)."""
     if prompt is None:
         raise InvalidRequestError("you must provide a prompt parameter", param="prompt")
     if isinstance(prompt, str):
-        return prompt, count_tokens(prompt)
+        return prompt, None
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            if len(prompt) == 1:
-                return prompt[0], count_tokens(prompt[0])
-            return "".join(prompt), sum(count_tokens(p) for p in prompt)
+            return "".join(prompt), None
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
             return " ".join(map(str, prompt)), len(prompt)
         if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):

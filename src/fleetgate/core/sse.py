@@ -79,6 +79,25 @@ class SSEParser:
                 buf = buf[len(_BOM) :]
                 base += len(_BOM)
         events: list[SSEEvent] = []
+        if 0x0D not in buf:  # the common case: "\n" line ends only, split at C speed
+            lines = buf.split(b"\n")
+            rest = lines.pop()
+            off = base
+            data = self._data
+            for line in lines:
+                off += len(line) + 1
+                if line[:5] == b"data:":
+                    data.append((line[6:] if line[5:6] == b" " else line[5:]).decode("utf-8", "replace"))
+                elif line:
+                    self._field(line)
+                elif data:
+                    events.append(self._dispatch(off))
+                    data = self._data
+                else:
+                    self._event = ""
+            self._buf = rest
+            self._buf_start = off
+            return events
         pos = 0
         size = len(buf)
         for match in _EOL.finditer(buf):

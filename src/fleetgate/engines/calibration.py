@@ -160,9 +160,9 @@ class EngineProbe:
     ) -> LevelResult:
         """``concurrency`` workers send ``requests`` requests in total, back to back.
 
-        Throughput is measured in steady state: completions between the first and the last quarter of the
-        run (``n/2`` completions over the time between the ``n/4``-th and ``3n/4``-th), which leaves out the
-        ramp-up and the drain at the end. Token means and ``usages`` cover the same completions.
+        Throughput is measured in steady state: the completions after the time of the ``n/4``-th and up to
+        the time of the ``3n/4``-th, over that time span, which leaves out the ramp-up and the drain at the
+        end. Token means and ``usages`` cover the same completions.
         """
         counter = itertools.count()
         results: list[tuple[int, int, float, float]] = []  # prompt, completion, latency, finished at
@@ -182,12 +182,13 @@ class EngineProbe:
         elapsed = time.perf_counter() - t0
         n = len(results)
         results.sort(key=lambda r: r[3])
+        window, span = results, elapsed
         if n >= 8:
-            lo, hi = n // 4, (3 * n) // 4
-            window = results[lo + 1 : hi + 1]
-            span = results[hi][3] - results[lo][3]
-        else:
-            window, span = results, elapsed
+            # by time, not by index: batched engines finish several requests at the same instant
+            t_lo, t_hi = results[n // 4][3], results[(3 * n) // 4][3]
+            inner = [r for r in results if t_lo < r[3] <= t_hi]
+            if inner and t_hi > t_lo:
+                window, span = inner, t_hi - t_lo
         k = len(window)
         return LevelResult(
             concurrency=concurrency,
@@ -277,7 +278,7 @@ async def calibrate_engine(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     points = list(design) if design is not None else default_design(quick)
-    rpw = requests_per_worker if requests_per_worker is not None else (3 if quick else 6)
+    rpw = requests_per_worker if requests_per_worker is not None else (2 if quick else 6)
     measurements: list[Measurement] = []
     ladders: list[dict[str, Any]] = []
     connector = aiohttp.TCPConnector(limit=0)

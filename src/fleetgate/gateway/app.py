@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import uuid
 from collections.abc import Callable
 
 import orjson
@@ -12,8 +10,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from fleetgate.core.errors import ServiceUnavailableError
 from fleetgate.gateway.errors import (
-    REQUEST_ID_HEADER,
-    Handler,
     draining_error,
     error_middleware,
     error_response,
@@ -21,16 +17,6 @@ from fleetgate.gateway.errors import (
 from fleetgate.gateway.fleet import Fleet
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.proxy import Proxy
-
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-
-
-@web.middleware
-async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Accept a sane client ``x-request-id`` (else make one) so logs, engines and the client agree."""
-    given = request.headers.get(REQUEST_ID_HEADER)
-    request["request_id"] = given if given and _REQUEST_ID.match(given) else uuid.uuid4().hex
-    return await handler(request)
 
 
 def create_app(
@@ -43,9 +29,7 @@ def create_app(
     ready: Callable[[], bool] = lambda: True,
 ) -> web.Application:
     """The gateway app. ``ready`` says whether the process accepts traffic (False while draining)."""
-    app = web.Application(
-        client_max_size=max_body_bytes, middlewares=[request_id_middleware, error_middleware]
-    )
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
 
     async def models(request: web.Request) -> web.Response:
         data = [

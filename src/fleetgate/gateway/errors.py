@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import re
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -121,10 +123,16 @@ def draining_error() -> ServiceUnavailableError:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turns every error into the OpenAI shape and stamps ``x-request-id`` on plain responses."""
-    request_id: str | None = request.get("request_id")
+    """The edge of every request: keeps a sane client ``x-request-id`` (else makes one) so logs, engines and
+    the client agree; turns every error into the OpenAI shape; stamps the id on plain responses."""
+    given = request.headers.get(REQUEST_ID_HEADER)
+    request_id = given if given and _REQUEST_ID.match(given) else os.urandom(16).hex()
+    request["request_id"] = request_id
     try:
         response = await handler(request)
     except FleetgateError as exc:
@@ -136,6 +144,6 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("unexpected error handling %s %s", request.method, request.path)
         response = error_response(FleetgateError("Internal gateway error."), request_id)
-    if request_id and not response.prepared:
+    if not response.prepared:
         response.headers[REQUEST_ID_HEADER] = request_id
     return response

@@ -16,7 +16,7 @@ from fleetgate.config import DeploymentConfig
 from fleetgate.core.errors import NotFoundError
 from fleetgate.core.routing.base import RoutingPolicy
 from fleetgate.core.routing.registry import build_policy
-from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo, RouteDecision
+from fleetgate.core.types import HealthState, RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
 from fleetgate.core.units import CostProfile, OutputHistory, load_profile
 from fleetgate.engines.metrics import EngineSignals
 
@@ -114,8 +114,10 @@ class Deployment:
     def snapshots(self) -> list[ReplicaSnapshot]:
         return [r.snapshot() for r in self.replicas.values()]
 
-    def pick(self, request: RequestInfo, now: float, rng: object, exclude: frozenset[str]) -> RouteDecision:
-        return self.policy.pick(request, self.snapshots(), now, rng, exclude)  # type: ignore[arg-type]
+    def pick(
+        self, request: RequestInfo, now: float, rng: RandomSource, exclude: frozenset[str]
+    ) -> RouteDecision:
+        return self.policy.pick(request, self.snapshots(), now, rng, exclude)
 
     def routable(self) -> bool:
         return any(r.snapshot().routable for r in self.replicas.values())
@@ -140,6 +142,23 @@ class Fleet:
     def __init__(self, deployments: Iterable[Deployment] = ()) -> None:
         self.deployments: dict[str, Deployment] = {d.model: d for d in deployments}
         self.output_history = OutputHistory()
+        self._p90: dict[str, tuple[float | None, int]] = {}  # tenant -> (p90, observations when computed)
+        self._observed: dict[str, int] = {}
+
+    def observe_output(self, tenant: str, output_tokens: int) -> None:
+        """Record a finished request's output length (feeds future cost estimates)."""
+        self.output_history.observe(tenant, output_tokens)
+        self._observed[tenant] = self._observed.get(tenant, 0) + 1
+
+    def output_p90(self, tenant: str, refresh_every: int = 16) -> float | None:
+        """The tenant's recent output p90, recomputed every ``refresh_every`` observations (it sorts)."""
+        seen = self._observed.get(tenant, 0)
+        cached = self._p90.get(tenant)
+        if cached is not None and seen - cached[1] < refresh_every:
+            return cached[0]
+        value = self.output_history.p90(tenant)
+        self._p90[tenant] = (value, seen)
+        return value
 
     def get(self, model: str) -> Deployment:
         deployment = self.deployments.get(model)

@@ -82,6 +82,15 @@ class GatewayMetrics:
         )
         self.registry.register(_FleetCollector(fleet))
         self._children: dict[tuple[str, str], ReplicaMetrics] = {}
+        self._requests: dict[tuple[str, str, str, str], Counter] = {}
+
+    def count_request(self, deployment: str, replica: str, endpoint: str, status: int) -> None:
+        """``requests`` +1, with the label child cached (this runs once per request)."""
+        key = (deployment, replica, endpoint, str(status))
+        child = self._requests.get(key)
+        if child is None:
+            child = self._requests[key] = self.requests.labels(*key)
+        child.inc()
 
     def replica(self, deployment: str, replica: str) -> ReplicaMetrics:
         key = (deployment, replica)

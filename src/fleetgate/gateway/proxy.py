@@ -177,7 +177,7 @@ class Proxy:
     ) -> RequestInfo:
         name = tenant_name(tenant)
         profile = deployment.profile
-        p90 = self.fleet.output_history.p90(name)
+        p90 = self.fleet.output_p90(name)
         expected = profile.expected_output_tokens(parsed.max_output_tokens, p90)
         cost = profile.cost(parsed.input_tokens, expected)
         return parsed.request_info(
@@ -186,7 +186,7 @@ class Proxy:
             cost_mu=cost,
             estimated_output_tokens=int(expected),
             priority=tenant_priority(tenant),
-            session_key=request.headers.get("x-session-id") or parsed.body.get("user") or None,
+            session_key=_session_key(request, parsed),
             arrival_s=now,
         )
 
@@ -240,6 +240,9 @@ class Proxy:
             deployment.policy.on_dispatch(info, replica.name, self.clock())
             try:
                 return await self._attempt(request, deployment, replica, parsed, body, strip, call)
+            except asyncio.CancelledError:
+                call.client_gone = not self.shutting_down  # not the replica's fault
+                raise
             except UpstreamError as exc:
                 last = exc
                 exclude.add(replica.name)
@@ -336,10 +339,9 @@ class Proxy:
     ) -> web.StreamResponse:
         """Relay an upstream SSE stream whose first bytes arrived; from here on errors are in-band."""
         headers = {**call.headers, **_SSE_HEADERS, REQUEST_ID_HEADER: request["request_id"]}
-        response = web.StreamResponse(status=200, headers=headers)
+        response = _RelayResponse(status=200, headers=headers)
         call.ran = True
         error: FleetgateError | None = None
-        loop = asyncio.get_running_loop()
         idle = self.config.stream_idle_timeout_s
         content = upstream.content
         # When the upstream has already ended, the rest goes out with the end of the response in one write.
@@ -351,20 +353,8 @@ class Proxy:
                 tail = b""
             self.metrics.replica(deployment.model, replica.name).ttft.observe(self.clock() - call.start)
             try:
-                async with asyncio.timeout(None) as deadline:
-                    while not tail and not content.at_eof():
-                        deadline.reschedule(loop.time() + idle)
-                        chunk = await content.readany()
-                        if not chunk:
-                            break
-                        out = tracker.feed(chunk)
-                        if content.at_eof():
-                            tail = out
-                        elif out:
-                            try:
-                                await response.write(out)
-                            except ConnectionResetError as exc:
-                                raise _ClientGoneError from exc
+                if not tail and not content.at_eof():
+                    tail = await self._relay(response, content, tracker, idle)
             except TimeoutError:
                 error = UpstreamTimeoutError(
                     f"replica {replica.name} stream stalled for {idle:g} s", retryable=False
@@ -406,6 +396,27 @@ class Proxy:
                 upstream.close()
         return response
 
+    @staticmethod
+    async def _relay(
+        response: web.StreamResponse, content: aiohttp.StreamReader, tracker: StreamTracker, idle_s: float
+    ) -> bytes:
+        """Forward chunks until the upstream ends; returns the last bytes, to be sent with the end."""
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(None) as deadline:
+            while True:
+                deadline.reschedule(loop.time() + idle_s)
+                chunk = await content.readany()
+                if not chunk:
+                    return b""
+                out = tracker.feed(chunk)
+                if content.at_eof():
+                    return out
+                if out:
+                    try:
+                        await response.write(out)
+                    except ConnectionResetError as exc:
+                        raise _ClientGoneError from exc
+
     async def _finish_admission(
         self, ticket: Any, tenant: Any, deployment: Deployment, info: RequestInfo, call: _Call
     ) -> None:
@@ -418,7 +429,7 @@ class Proxy:
             usage = Usage(prompt_tokens=info.input_tokens, completion_tokens=call.output_events)
         actual = deployment.profile.settle(usage)
         if call.usage is not None:
-            self.fleet.output_history.observe(info.tenant, usage.completion_tokens)
+            self.fleet.observe_output(info.tenant, usage.completion_tokens)
         # shielded: a client that leaves right now must not cancel the bookkeeping
         now = self.admission_clock()
         await asyncio.shield(
@@ -428,7 +439,7 @@ class Proxy:
     def _record(self, endpoint: str, deployment: Deployment | None, call: _Call, start: float) -> None:
         dep = deployment.model if deployment is not None else "unknown"
         rep = call.replica.name if call.replica is not None else ""
-        self.metrics.requests.labels(dep, rep, endpoint, str(call.status)).inc()
+        self.metrics.count_request(dep, rep, endpoint, call.status)
         if call.error_kind is not None:
             self.metrics.errors.labels(dep, rep, call.error_kind).inc()
         if deployment is not None and call.replica is not None:
@@ -437,6 +448,22 @@ class Proxy:
             if call.usage is not None:
                 children.prompt_tokens.inc(call.usage.prompt_tokens)
                 children.generation_tokens.inc(call.usage.completion_tokens)
+
+
+class _RelayResponse(web.StreamResponse):
+    """A stream response whose headers leave with its first bytes (one write, not two): a relay always has
+    those bytes in hand when it prepares. (aiohttp's own switch; harmless if a future aiohttp drops it.)"""
+
+    _send_headers_immediately = False
+
+
+def _session_key(request: web.Request, parsed: ParsedRequest) -> str | None:
+    """A client-chosen affinity key: the ``x-session-id`` header, else OpenAI's ``user`` field."""
+    header = request.headers.get("x-session-id")
+    if header:
+        return header
+    user = parsed.body.get("user")
+    return user if isinstance(user, str) and user else None
 
 
 class _ClientGoneError(Exception):

@@ -7,7 +7,10 @@ error event) and the upstream pool closes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -42,6 +45,14 @@ class GatewayServer:
         self.runner: web.AppRunner | None = None
         self.site: web.TCPSite | None = None
         self.port: int | None = None
+        self._loops: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def add_loop(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        """Register a control loop (prober, autoscaler, capacity ...) run from ``start`` until ``stop``."""
+        self._loops.append((name, run))
+        if self.runner is not None:  # already started
+            self._tasks.append(asyncio.create_task(_guard(name, run), name=name))
 
     @property
     def url(self) -> str:
@@ -65,6 +76,7 @@ class GatewayServer:
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else (port or self.config.port)
         self.sync_replicas()
+        self._tasks = [asyncio.create_task(_guard(name, run), name=name) for name, run in self._loops]
         return self.url
 
     def sync_replicas(self) -> None:
@@ -85,7 +97,23 @@ class GatewayServer:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
         if self.scraper is not None:
             await self.scraper.stop()
         await self.client.close()
         return drained
+
+
+async def _guard(name: str, run: Callable[[], Awaitable[None]]) -> None:
+    """Run a control loop; a crash is logged (not silently lost) and does not take the gateway down."""
+    try:
+        await run()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("control loop %s crashed", name)

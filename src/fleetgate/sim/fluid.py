@@ -82,6 +82,12 @@ def _prefill_time(inp: np.ndarray, perf: PerfParams) -> np.ndarray:
     return inp * perf.prefill_s_per_token + chunks * perf.step_overhead_s
 
 
+def _costs(profile: CostProfile, inp: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """MU of each (input, output) pair through the profile's own formula (never re-derived here)."""
+    cost = profile.cost
+    return np.fromiter((cost(int(i), o) for i, o in zip(inp.tolist(), out.tolist(), strict=True)), float, len(inp))
+
+
 def workload_from_trace(trace: Trace, profile: CostProfile, perf: PerfParams, step_s: float) -> Workload:
     """Bin a recorded trace into steps (exact sums; the cache is credited with the trace's in-step reuse=0)."""
     reqs = trace.requests
@@ -90,7 +96,7 @@ def workload_from_trace(trace: Trace, profile: CostProfile, perf: PerfParams, st
     out = np.array([r.output_tokens for r in reqs], dtype=np.float64)
     n_steps = int(math.floor(t[-1] / step_s)) + 1 if t.size else 1
     idx = (t // step_s).astype(np.int64)
-    mu = profile.gamma + profile.alpha * inp + profile.beta * out + profile.delta * inp * inp / 1e6
+    mu = _costs(profile, inp, out)
     pf = _prefill_time(inp, perf)
     qs = (np.arange(N_QUANTILES) + 0.5) / N_QUANTILES
     return Workload(
@@ -137,7 +143,7 @@ def workload_from_rates(
     counts = rng.poisson(lam).astype(np.float64)
     sample_in, sample_out = lengths.sample(200_000, np.random.default_rng(seed + 1))
     si, so = sample_in.astype(np.float64), sample_out.astype(np.float64)
-    mu_req = profile.gamma + profile.alpha * si + profile.beta * so + profile.delta * si * si / 1e6
+    mu_req = _costs(profile, si, so)
     pf = _prefill_time(si, perf)
     m, v = float(mu_req.mean()), float(mu_req.var())
     z = rng.standard_normal(n_steps)
@@ -223,6 +229,8 @@ class FluidSimulator:
         a_p = perf.prefill_s_per_token
         max_seqs = float(perf.max_num_seqs)
         sm_n = sm_a = sm_pf = sm_pf2 = sm_out = sm_in = 0.0
+        cum_n: list[float] = [0.0]
+        cum_mu: list[float] = [0.0]
         smooth = min(1.0, dt / 30.0)
         iter_base = perf.step_overhead_s
         per_seq = perf.decode_s_per_seq
@@ -315,19 +323,33 @@ class FluidSimulator:
                 # residual, the decode work riding along the prompt's own iteration, and the backlog.
                 pk = lam * e_pf2 / (2.0 * (1.0 - rho_p))
                 wait = backlog / fleet_rate + pk + 0.5 * step_t + ps_eff * decode_batch
-                e2e = wait + e_pf_tok + e_out * step_t
+                # Decoders share iterations with prompt chunks: a token takes step_t / (1 - rho_p).
+                e2e = wait + e_pf_tok + e_out * step_t / (1.0 - rho_p)
                 mean_out = e_out
             else:
                 wait = math.inf if n > 0 else 0.0
                 e2e = 0.0
                 mean_out = e_out
             base_wait[i] = wait
-            # In flight (for the autoscaler): Little's law on the admitted rate plus the backlog.
-            lat = e2e if math.isfinite(e2e) else 0.0
-            inflight_req = sm_n * lat + (backlog / e_mu if e_mu > 0 else 0.0)
-            # The gateway counts in-flight MU at its *estimate* (output budgeted at the tenants' p90).
-            est_mu = e_mu + self.profile.beta * (out_p90 - mean_out)
-            inflight_mu = sm_n * est_mu * lat + backlog
+            # In flight (for the autoscaler): what arrived within the last mean latency (Little's law, but on
+            # the raw per-step arrivals so the autoscaler sees the same fluctuations as in discrete-event
+            # mode). The gateway counts in-flight MU at its *estimate* (output budgeted at the p90).
+            est = a + (n * self.profile.beta * out_p90 - self.profile.beta * out_arr[i] if n > 0 else 0.0)
+            cum_n.append(cum_n[-1] + n)
+            cum_mu.append(cum_mu[-1] + est)
+            if ready > 0 and math.isfinite(e2e):
+                back = e2e / dt
+                j = i + 1 - back
+                if j <= 0:
+                    inflight_req, inflight_mu = cum_n[-1], cum_mu[-1]
+                else:
+                    j0 = int(j)
+                    f = j - j0
+                    inflight_req = cum_n[-1] - (cum_n[j0] + f * (cum_n[j0 + 1] - cum_n[j0]) if j0 + 1 <= i + 1 else cum_n[j0])
+                    inflight_mu = cum_mu[-1] - (cum_mu[j0] + f * (cum_mu[j0 + 1] - cum_mu[j0]) if j0 + 1 <= i + 1 else cum_mu[j0])
+            else:
+                inflight_req = backlog / e_mu if e_mu > 0 else 0.0
+                inflight_mu = backlog
             if progress is not None and i % report_every == 0:
                 progress(i, n_steps)
         end = n_steps * dt

@@ -16,12 +16,13 @@ Iteration time (seconds)::
 
     dt = step_overhead_s
        + decode_s_per_seq * D + decode_s_per_kv_token * K
-       + prefill_s_per_token * P + prefill_s_per_token_sq * sum_i n_i * (c_i + n_i / 2)
+       + prefill_s_per_token * P + prefill_s_per_token_sq * sum_i n_i * (2 c_i + n_i)
 
 with ``D`` decode requests in the batch, ``K`` the KV tokens those decode requests hold before the iteration,
 ``P`` prompt tokens computed in the iteration and, per prefill chunk ``i``, ``n_i`` new tokens after ``c_i``
-already-computed ones (the attention term). During a macro segment ``K`` grows by ``D`` per iteration, so
-``k`` iterations take ``k * dt_0 + decode_s_per_kv_token * D * k * (k - 1) / 2``.
+already-computed ones. The attention term ``n (2c + n) = (c + n)^2 - c^2`` makes a whole prompt of ``L``
+tokens cost ``prefill_s_per_token_sq * L^2`` however it is chunked. During a macro segment ``K`` grows by
+``D`` per iteration, so ``k`` iterations take ``k * dt_0 + decode_s_per_kv_token * D * k * (k - 1) / 2``.
 
 Scheduling (vLLM V1 semantics, simplified)
 ------------------------------------------
@@ -190,7 +191,7 @@ class PerfParams:
             + self.decode_s_per_kv_token * decode_kv_tokens
         )
         for n, c in prefill_chunks:
-            dt += self.prefill_s_per_token * n + self.prefill_s_per_token_sq * n * (c + n / 2)
+            dt += self.prefill_s_per_token * n + self.prefill_s_per_token_sq * n * (2 * c + n)
         return dt
 
 
@@ -726,8 +727,8 @@ class EngineModel:
         while i < len(running):
             r = running[i]
             decoding = r.computed >= r.target
-            n = 1 if decoding else min(r.target - r.computed, budget)
-            if n <= 0:
+            n = (1 if budget >= 1 else 0) if decoding else min(r.target - r.computed, budget)
+            if n <= 0:  # no budget left for this request in this iteration
                 i += 1
                 continue
             completes = decoding or r.computed + n == r.target

@@ -22,7 +22,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,7 +141,7 @@ class SimEngine:
 
     # ------------------------------------------------------------------ lifecycle
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_json_errors])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
@@ -540,6 +540,7 @@ class SimEngine:
         plan = live.plan
         char_budget = plan.text_chars if plan.text_chars is not None else -1
         resp: web.StreamResponse | None = None
+        out = bytearray()  # bytes to send with the next write (one write per wake-up)
         sent = 0  # tokens sent
         chunks = 0
         n_words = len(WORDS)
@@ -553,20 +554,13 @@ class SimEngine:
                     if endpoint == "chat":
                         role = {"role": "assistant", "content": ""}
                         first = {"index": 0, "delta": role, "logprobs": None, "finish_reason": None}
-                        await resp.write(
-                            b"data: "
-                            + orjson.dumps(
-                                {
-                                    "id": rid,
-                                    "object": "chat.completion.chunk",
-                                    "created": created,
-                                    "model": model,
-                                    "choices": [first],
-                                }
-                            )
-                            + b"\n\n"
-                        )
-                out = bytearray()
+                        obj = {
+                            "id": rid,
+                            "object": "chat.completion.chunk",
+                            "created": created,
+                            "model": model,
+                        }
+                        out += b"data: " + orjson.dumps({**obj, "choices": [first]}) + b"\n\n"
                 upto = live.tokens if stall_at < 0 else min(live.tokens, sent + stall_at - chunks)
                 for i in range(sent, upto):
                     text = WORDS[(live.start + i) % n_words]
@@ -578,30 +572,50 @@ class SimEngine:
                     out += prefix + orjson.dumps(text) + suffix
                     chunks += 1
                 sent = upto
-                if out:
-                    await resp.write(bytes(out))
-                continue
             if live.done and sent >= plan.tokens and stall_at < 0:
                 break
+            # At time scale 0 the whole answer is ready at once: one write, unless a stall holds it back.
+            if out and resp is not None and (self._scale > 0 or stall_at >= 0):
+                await resp.write(bytes(out))
+                out.clear()
             await self._wait(live)  # also woken when the fault changes (a cleared stall resumes)
         assert resp is not None
-        tail = bytearray()
         if endpoint == "chat":
             final_choice: dict[str, Any] = {"index": 0, "delta": {}, "logprobs": None}
-            obj = "chat.completion.chunk"
+            obj_name = "chat.completion.chunk"
         else:
             final_choice = {"index": 0, "text": "", "logprobs": None}
-            obj = "text_completion"
+            obj_name = "text_completion"
         final_choice["finish_reason"] = plan.finish_reason
         final_choice["stop_reason"] = None
-        base = {"id": rid, "object": obj, "created": created, "model": model}
-        tail += b"data: " + orjson.dumps({**base, "choices": [final_choice]}) + b"\n\n"
+        base = {"id": rid, "object": obj_name, "created": created, "model": model}
+        out += b"data: " + orjson.dumps({**base, "choices": [final_choice]}) + b"\n\n"
         if include_usage:
-            tail += b"data: " + orjson.dumps({**base, "choices": [], "usage": self._usage(live)}) + b"\n\n"
-        tail += b"data: [DONE]\n\n"
-        await resp.write(bytes(tail))
-        await resp.write_eof()
+            out += b"data: " + orjson.dumps({**base, "choices": [], "usage": self._usage(live)}) + b"\n\n"
+        out += b"data: [DONE]\n\n"
+        await resp.write_eof(bytes(out))
         return resp
+
+
+@web.middleware
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Unknown paths, wrong methods, oversized bodies and bugs answer in OpenAI's error JSON too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        err = FleetgateError(exc.reason or "error")
+        err.status = exc.status
+        err.error_type = "invalid_request_error" if exc.status < 500 else "server_error"
+        return _error_response(err)
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception as exc:
+        sys.stderr.write(f"simulated engine: unexpected error: {exc!r}\n")
+        return _error_response(FleetgateError(f"internal error: {exc}"))
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -37,8 +37,14 @@ from fleetgate.core.routing.pipeline import PickContext, no_replica_error
 from fleetgate.core.routing.prefix_index import PrefixIndex
 from fleetgate.core.routing.rates import DecayingRates, SlidingSums
 from fleetgate.core.types import RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
+from fleetgate.core.units import load_profile
 
 _INF = math.inf
+
+
+def _cap(r: ReplicaSnapshot) -> float:
+    """MU per second the replica serves."""
+    return max(r.capacity_mu_per_min / 60.0, 1e-9)
 
 
 class FleetgatePolicy:
@@ -59,6 +65,7 @@ class FleetgatePolicy:
         vnodes: int = 64,
         rate_tau_s: float = 60.0,
         load_window_s: float = 60.0,
+        load_signal: str = "ewma",
         load_bound: float = 1.15,
         guard_min_util: float = 0.05,
         rebalance_band: float = 0.15,
@@ -68,6 +75,9 @@ class FleetgatePolicy:
         spill_factor: float = 1.5,
         spill_slack_s: float = 0.5,
         cache_tokens_per_replica: int = 400_000,
+        sticky_cache: bool = True,
+        guard_exempt_ratio: float = 0.3,
+        sticky_min_blocks: int = 1,
         profile: str | None = None,
         prefill_mu_per_token: float | None = None,
         cache_discount: float | None = None,
@@ -79,14 +89,15 @@ class FleetgatePolicy:
             )
         if rebalance_interval_s <= 0 or key_ttl_s <= 0 or cache_tokens_per_replica < 1 or guard_min_util < 0:
             raise ValueError("rebalance_interval_s, key_ttl_s, cache_tokens_per_replica must be positive")
-        from fleetgate.core.units import load_profile
-
         prof = load_profile(profile)
         self.alpha = prof.alpha if prefill_mu_per_token is None else float(prefill_mu_per_token)
         self.cache_discount = prof.cache_discount if cache_discount is None else float(cache_discount)
         self.beta = prof.beta
         self.gamma = prof.gamma
         self.default_output = float(prof.default_output_tokens)
+        if load_signal not in ("ewma", "window"):
+            raise ValueError("load_signal must be 'ewma' or 'window'")
+        self.load_signal = load_signal
         self.load_bound = load_bound
         self.guard_min_util = guard_min_util
         self.rebalance_band = rebalance_band
@@ -96,6 +107,9 @@ class FleetgatePolicy:
         self.spill_factor = spill_factor
         self.spill_slack_s = spill_slack_s
         self.cache_tokens_per_replica = cache_tokens_per_replica
+        self.sticky_cache = sticky_cache
+        self.guard_exempt_ratio = guard_exempt_ratio
+        self.sticky_min_blocks = sticky_min_blocks
         self.outliers = outliers
         self.key_fn = KeyFunction(key, key_prefix_tokens)
         self.affinity = BoundedLoadAffinity(
@@ -111,7 +125,8 @@ class FleetgatePolicy:
         self.replica_rates: DecayingRates[str] = DecayingRates(rate_tau_s)
         self.key_rates: DecayingRates[int] = DecayingRates(rate_tau_s)
         self._pending: dict[int, list[str]] = {}
-        self._backlog: dict[str, tuple[float, float]] = {}
+        self._finish: dict[str, float] = {}
+        self._charged: dict[str, float] = {}
         self._memo: tuple[str, str, float, float] = ("", "", 0.0, 1.0)
         self._last_key: tuple[str, int] = ("", 0)
         self._cands: list[ReplicaSnapshot] = []
@@ -164,7 +179,9 @@ class FleetgatePolicy:
             self._cands = cands
         n = len(cands)
         if n == 1:
-            return RouteDecision(cands[0].name, reason="fleetgate:only")
+            only = cands[0]
+            self._memo = (request.request_id, only.name, self.prefill_mu(request), _cap(only))
+            return RouteDecision(only.name, reason="fleetgate:only")
         aff = self.affinity
         key = self._key(request)
         state = aff.keys.get(key)
@@ -188,61 +205,79 @@ class FleetgatePolicy:
         save_per_token = full * (1.0 - self.cache_discount) / inp if inp > 0 else 0.0
         bt = request.prefix_block_tokens
 
-        backlog = self._backlog
-        load = self.replica_load
-        load.expire(now)
-        sums = load.sums
-        rates = [sums.get(r.name, 0.0) for r in cands]
+        # Recent MU per replica (the load guard's signal), on a "MU over the horizon" scale.
+        if self.load_signal == "window":
+            load = self.replica_load
+            load.expire(now)
+            sums = load.sums
+            rates = [sums.get(r.name, 0.0) for r in cands]
+            horizon = load.window_s
+        else:
+            rr = self.replica_rates
+            horizon = rr.tau_s
+            k = rr.scale(now) * horizon
+            vals = rr.values
+            rates = [vals.get(r.name, 0.0) * k for r in cands]
         own = request.cost_mu if request.cost_mu > 0 else full
-        mean = (load.total + own) / n
+        mean = (sum(rates) + own) / n
         rel_lim = self.load_bound * mean - own
-        slack = self.guard_min_util * load.window_s
-        cap_sum = 0.0
-        best_i = -1
-        best_t = _INF
-        sub_i = -1
-        sub_t = _INF
+        slack = self.guard_min_util * horizon
+        # A hot key (its subset grew beyond the minimum) must spread: no guard exemption for cached
+        # replicas and no pull towards cache holders outside its subset.
+        hot = len(subset) > aff.min_subset
+        exempt_tokens = self.guard_exempt_ratio * inp if inp > 0 and not hot else _INF
+
+        finish = self._finish
+        best_i = deep_i = sub_i = any_i = -1
+        best_t = deep_t = sub_t = any_t = _INF
+        best_v = sub_v = any_v = _INF
+        deep_d = 0
         sub_rank = 1 << 30
-        best_v = _INF
-        any_i = 0
-        any_t = _INF
-        any_v = _INF
         skipped = 0
-        for i, r in enumerate(cands):
+        i = -1
+        for r, v in zip(cands, rates, strict=True):
+            i += 1
+            name = r.name
             cap = r.capacity_mu_per_min / 60.0
             if cap <= 0.0:
                 cap = 1e-9
-            cap_sum += cap
+            # Time to first token: prefill queued ahead (virtual finish time) + own uncached prefill.
+            f = finish.get(name, 0.0)
+            wait = f - now if f > now else 0.0
+            w = r.engine_waiting
+            if w and r.inflight_requests > 0:
+                # Requests the engine has not started (queued or memory-bound): the replica may be far
+                # slower than the fluid model believes (KV thrashing), so trust the larger estimate.
+                ww = w * r.inflight_mu / r.inflight_requests / cap
+                if ww > wait:
+                    wait = ww
             pre = full
+            d = 0
             if depths:
-                d = depths.get(r.name)
+                d = depths.get(name, 0)
                 if d:
                     cached = d * bt
                     pre -= save_per_token * (cached if cached < inp else inp)
-            q = 0.0
-            b = backlog.get(r.name)
-            if b is not None:
-                q = b[0] - cap * (now - b[1])
-                if q < 0.0:
-                    q = 0.0
-            t = (q + pre) / cap
-            v = rates[i]
+            t = wait + pre / cap
             if t < any_t or (t == any_t and v < any_v):
                 any_i, any_t, any_v = i, t, v
-            if v > rel_lim and v + own - mean > slack * cap:
+            if v > rel_lim and v + own - mean > slack * cap and d * bt < exempt_tokens:
                 skipped += 1
                 continue
             if t < best_t or (t == best_t and v < best_v):
                 best_i, best_t, best_v = i, t, v
-            if r.name in subset:
-                rank = subset.index(r.name)
-                if t < sub_t or (t == sub_t and rank < sub_rank):
-                    sub_i, sub_t, sub_rank = i, t, rank
-        self._cap_rate = cap_sum / n
+            if d and (d > deep_d or (d == deep_d and t < deep_t)) and (not hot or name in subset):
+                deep_i, deep_d, deep_t = i, d, t
+            if name in subset:
+                rank = subset.index(name)
+                if t < sub_t or (t == sub_t and (v, rank) < (sub_v, sub_rank)):
+                    sub_i, sub_t, sub_v, sub_rank = i, t, v, rank
         self.skips += skipped
         if best_i < 0:
             best_i, best_t = any_i, any_t
             self.guarded += 1
+        if self.sticky_cache and deep_i >= 0 and deep_d >= self.sticky_min_blocks:
+            sub_i, sub_t = deep_i, deep_t  # the replica expected to hold the most of the prompt leads
         if sub_i >= 0 and sub_t <= self.spill_factor * best_t + self.spill_slack_s:
             chosen, t, reason = sub_i, sub_t, "fleetgate:affinity"
         else:
@@ -251,12 +286,7 @@ class FleetgatePolicy:
         name = rep.name
         cached_blocks = depths.get(name, 0) if depths else 0
         cached = min(cached_blocks * bt, inp)
-        self._memo = (
-            request.request_id,
-            name,
-            full - save_per_token * cached,
-            max(rep.capacity_mu_per_min / 60.0, 1e-9),
-        )
+        self._memo = (request.request_id, name, full - save_per_token * cached, _cap(rep))
         return RouteDecision(
             name,
             {"est_ttft_s": t, "cached_blocks": float(cached_blocks), "subset_size": float(len(subset))},
@@ -279,11 +309,16 @@ class FleetgatePolicy:
             pre, cap = full, self._cap_rate
         # Expected settled cost: the estimate, less the prefill the expected cache hit saves.
         cost = request.cost_mu - full + pre if request.cost_mu > 0 else pre + self.gamma
-        b = self._backlog.get(replica)
-        q = 0.0 if b is None else max(0.0, b[0] - cap * (now - b[1]))
-        self._backlog[replica] = (q + pre, now)
-        self.replica_load.add(replica, cost, now)
+        self._cap_rate = cap
+        f = self._finish.get(replica, 0.0)
+        self._finish[replica] = (f if f > now else now) + pre / cap
+        if self.load_signal == "window":
+            self.replica_load.add(replica, cost, now)
         self.replica_rates.add(replica, cost, now)
+        if request.request_id:
+            if len(self._charged) > 100_000:  # outcomes that never came back: forget them
+                self._charged.clear()
+            self._charged[request.request_id] = cost
         aff = self.affinity
         key = self._key(request)
         state = aff.keys.get(key)
@@ -314,6 +349,12 @@ class FleetgatePolicy:
     def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
         if self.outliers is not None:
             self.outliers.record(replica, ok, now)
+        charged = self._charged.pop(request.request_id, None)
+        if charged is not None and ok and cost_mu > 0:
+            # Settle: the load signal follows what the request really cost, not its estimate.
+            self.replica_rates.add(replica, cost_mu - charged, now)
+            if self.load_signal == "window":
+                self.replica_load.add(replica, cost_mu - charged, now)
 
     # -- maintenance ---------------------------------------------------------------------------------
 
@@ -398,6 +439,7 @@ _PARAMS: dict[str, Any] = {
     "vnodes": int,
     "rate_tau_s": float,
     "load_window_s": float,
+    "load_signal": str,
     "load_bound": float,
     "guard_min_util": float,
     "rebalance_band": float,
@@ -407,6 +449,9 @@ _PARAMS: dict[str, Any] = {
     "spill_factor": float,
     "spill_slack_s": float,
     "cache_tokens_per_replica": int,
+    "sticky_cache": bool,
+    "guard_exempt_ratio": float,
+    "sticky_min_blocks": int,
     "profile": str,
     "prefill_mu_per_token": float,
     "cache_discount": float,

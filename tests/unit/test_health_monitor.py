@@ -1,0 +1,110 @@
+"""HealthMonitor details that need an HTTP peer with specific behaviour: an in-process aiohttp stand-in for
+vLLM's answer to ``priority`` without ``--scheduling-policy priority`` (vLLM itself cannot run here), and the
+``/livez`` routes. The fault suite against real simulated-engine processes is in tests/integration."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
+
+from fleetgate.core.types import HealthState
+from fleetgate.health import HealthMonitor, add_livez_routes
+from fleetgate.health.monitor import reason_kind
+
+
+class Engine:
+    def __init__(self, accept_priority: bool) -> None:
+        self.accept_priority = accept_priority
+        self.bodies: list[dict[str, Any]] = []
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.bodies.append(body)
+        if "priority" in body and not self.accept_priority:
+            msg = "Got priority -100 but Priority scheduling is not enabled."
+            return web.json_response({"error": {"message": msg, "type": "BadRequestError"}}, status=400)
+        return web.json_response({"choices": [{"text": "o", "index": 0}], "usage": {"completion_tokens": 1}})
+
+
+@pytest.fixture
+async def engine_url() -> AsyncIterator[tuple[Engine, str]]:
+    eng = Engine(accept_priority=False)
+    app = web.Application()
+    app.router.add_post("/v1/completions", eng.completions)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        yield eng, str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+async def test_probe_shape_and_priority_fallback(engine_url: tuple[Engine, str]) -> None:
+    eng, url = engine_url
+    mon = HealthMonitor(model="m", registry=CollectorRegistry())
+    mon.set_replicas({"r": url})
+    try:
+        res = await mon.probe("r")
+        assert res.ok, res
+        first, second = eng.bodies
+        assert first["priority"] == -100 and first["max_tokens"] == 1 and first["model"] == "m"
+        assert "priority" not in second
+        await mon.probe("r")
+        assert "priority" not in eng.bodies[-1]  # remembered
+    finally:
+        await mon.stop()
+
+
+async def test_probe_refused_and_unknown_replica() -> None:
+    mon = HealthMonitor(model="m")
+    mon.set_replicas({"r": "http://127.0.0.1:9"})  # discard port: nothing listens
+    try:
+        res = await mon.probe("r")
+        assert not res.ok and res.error == "refused"
+        assert mon.state("nope") == HealthState.UNHEALTHY and not mon.routable("nope")
+    finally:
+        await mon.stop()
+
+
+async def test_livez_routes() -> None:
+    mon = HealthMonitor(model="m", initial_state=HealthState.HEALTHY)
+    mon.set_replicas({"a": "http://127.0.0.1:9", "b": "http://127.0.0.1:9"})
+    app = web.Application()
+    add_livez_routes(app, mon)
+    async with TestClient(TestServer(app, host="127.0.0.1", port=0)) as client:
+        assert (await client.get("/livez")).status == 200
+        assert (await client.get("/readyz/a")).status == 200
+        rh = mon.tracker("b")
+        assert rh is not None
+        t = mon.clock()
+        rh.on_probe(t + 1.0, False, 5.0, "timeout")
+        rh.on_probe(t + 20.0, False, 5.0, "timeout")
+        assert rh.state == HealthState.UNHEALTHY
+        r = await client.get("/livez/b")
+        assert r.status == 503 and (await r.json())["b"]["alive"] is False
+        assert (await client.get("/livez")).status == 503
+        assert (await client.get("/livez/a")).status == 200
+        assert (await client.get("/livez/zzz")).status == 404
+        assert (await client.get("/readyz")).status == 503
+
+
+def test_reason_kind_is_bounded() -> None:
+    assert reason_kind("error_rate 0.66 over 20 requests") == "error_rate"
+    assert reason_kind("remediation_failed: boom") == "remediation_failed"
+    assert reason_kind("") == "unknown"
+
+
+async def test_set_replicas_adds_and_drops() -> None:
+    reg = CollectorRegistry()
+    mon = HealthMonitor(model="m", registry=reg)
+    mon.set_replicas({"a": "http://127.0.0.1:1/", "b": "http://127.0.0.1:2"})
+    assert set(mon.states()) == {"a", "b"} and mon.state("a") == HealthState.STARTING
+    assert reg.get_sample_value("fleetgate_health_state", {"replica": "a", "state": "starting"}) == 1.0
+    mon.set_replicas([("b", "http://127.0.0.1:2")])
+    assert set(mon.states()) == {"b"}
+    assert reg.get_sample_value("fleetgate_health_state", {"replica": "a", "state": "starting"}) is None
