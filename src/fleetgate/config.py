@@ -199,6 +199,63 @@ class LocalConfig(_Strict):
     stop_timeout_s: float = Field(default=5.0, gt=0, description="SIGTERM-to-SIGKILL delay when stopping.")
 
 
+class ImageTargetConfig(_Strict):
+    """What a deployment's vision encoder wants: size cap, output encoding, patch geometry (image tokens)."""
+
+    max_edge: int = Field(default=336, ge=16, le=16384, description="Longest side after resizing (px).")
+    output_format: Literal["jpeg", "png", "webp", "original"] = Field(
+        default="jpeg", description="Re-encoding sent to the engine; `original` forwards unchanged bytes if "
+        "no resize was needed."
+    )
+    jpeg_quality: int = Field(default=90, ge=1, le=100, description="JPEG/WebP quality of the re-encoding.")
+    patch_size: int = Field(default=14, ge=1, description="Vision encoder patch size (px).")
+    merge_size: int = Field(default=1, ge=1, description="Patches merged per side into one token (Qwen2-VL 2).")
+    fixed_tokens: int | None = Field(
+        default=None, ge=1, description="Tokens per image regardless of size (LLaVA-1.5: 576)."
+    )
+    extra_tokens: int = Field(default=0, ge=0, description="Begin/end marker tokens per image.")
+
+
+class MultimodalConfig(_Strict):
+    """Image preprocessing: limits, URL fetching policy and the worker process pool."""
+
+    mode: Literal["pool", "naive", "off"] = Field(
+        default="pool",
+        description="pool: worker processes sized from the container's CPU budget; naive: PIL on the event "
+        "loop (a baseline for benchmarks only); off: image parts are forwarded untouched.",
+    )
+    max_pixels: int = Field(
+        default=40_000_000, gt=0, description="Largest decoded image (w*h), checked from the header first."
+    )
+    max_image_bytes: int = Field(default=10 * 1024 * 1024, gt=0, description="Largest encoded image.")
+    max_images_per_request: int = Field(default=16, ge=1, description="Image parts allowed in one request.")
+    allowed_formats: list[str] = Field(
+        default_factory=lambda: ["JPEG", "PNG", "WEBP", "GIF", "BMP"],
+        description="Pillow format names accepted (anything else is a 400).",
+    )
+    target: ImageTargetConfig = Field(default_factory=ImageTargetConfig)
+    per_model: dict[str, ImageTargetConfig] = Field(
+        default_factory=dict, description="Per-deployment overrides of `target`, by model name."
+    )
+    workers: int | None = Field(default=None, ge=1, description="Worker processes (default: CPU budget).")
+    task_timeout_s: float = Field(default=10.0, gt=0, description="Longest processing of one image.")
+    worker_memory_mb: int | None = Field(
+        default=2048, ge=64, description="Address-space cap of a worker (RLIMIT_AS); null: none."
+    )
+    prestart: bool = Field(default=False, description="Start the workers with the gateway, not lazily.")
+    fetch_urls: bool = Field(default=True, description="Fetch http(s) image URLs (else only data: URLs).")
+    fetch_timeout_s: float = Field(default=5.0, gt=0, description="Whole-download limit of one URL.")
+    fetch_max_redirects: int = Field(default=3, ge=0, le=10, description="Redirects followed per URL.")
+    url_allow: list[str] = Field(
+        default_factory=list,
+        description="Hosts, IPs or CIDRs always allowed (even private ones), e.g. ['127.0.0.1'].",
+    )
+    url_deny: list[str] = Field(default_factory=list, description="Hosts, IPs or CIDRs always refused.")
+    allow_private_networks: bool = Field(
+        default=False, description="Allow private, loopback and link-local targets (metadata stays denied)."
+    )
+
+
 class FleetgateConfig(_Strict):
     """The whole configuration tree."""
 
@@ -207,6 +264,7 @@ class FleetgateConfig(_Strict):
     local: LocalConfig = Field(default_factory=LocalConfig, description="`fleetgate up` replicas.")
     tenants: list[TenantConfig] = Field(default_factory=list, description="Tenants (none: no auth).")
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    multimodal: MultimodalConfig = Field(default_factory=MultimodalConfig)
 
     @model_validator(mode="after")
     def _unique_tenants(self) -> FleetgateConfig:

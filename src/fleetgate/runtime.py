@@ -13,14 +13,15 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from fleetgate.config import DeploymentConfig, FleetgateConfig, ReplicaConfig
 from fleetgate.core.types import RandomSource
 from fleetgate.engines.client import UpstreamClient
+from fleetgate.engines.metrics import EngineSignals
 from fleetgate.engines.scraper import MetricsScraper
 from fleetgate.gateway.admission import Admission, OpenAdmission
 from fleetgate.gateway.app import create_app
@@ -30,6 +31,11 @@ from fleetgate.gateway.proxy import Proxy
 from fleetgate.gateway.server import GatewayServer
 from fleetgate.providers.base import ReplicaInfo
 from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from fleetgate.multimodal.pipeline import ImagePipeline
 
 log = logging.getLogger("fleetgate")
 
@@ -41,6 +47,27 @@ def build_admission(cfg: FleetgateConfig, registry: CollectorRegistry | None = N
     from fleetgate.admission.service import AdmissionService
 
     return AdmissionService.from_config(cfg, registry=registry)
+
+
+def build_images(cfg: FleetgateConfig) -> ImagePipeline | None:
+    """The image pipeline (``fleetgate.multimodal``); its worker processes start lazily or at startup."""
+    from fleetgate.multimodal.pipeline import build_pipeline
+
+    return build_pipeline(cfg.multimodal)
+
+
+def attach_images(app: web.Application, images: ImagePipeline, *, prestart: bool) -> None:
+    """Tie the pipeline's workers to the app's lifecycle (started on startup if asked; always closed)."""
+
+    async def on_startup(_: web.Application) -> None:
+        await images.start()
+
+    async def on_cleanup(_: web.Application) -> None:
+        await images.close()
+
+    if prestart:
+        app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
 
 
 def build_gateway(
@@ -58,6 +85,7 @@ def build_gateway(
     client = UpstreamClient(connect_timeout_s=gw.connect_timeout_s)
     metrics = GatewayMetrics(fleet)
     gate = admission if admission is not None else build_admission(cfg, metrics.registry)
+    images = build_images(cfg)
     proxy = Proxy(
         config=gw,
         fleet=fleet,
@@ -66,10 +94,13 @@ def build_gateway(
         admission=gate,
         rng=rng,
         clock=clock,
+        images=images,
     )
     app = create_app(
         proxy=proxy, fleet=fleet, metrics=metrics, max_body_bytes=gw.max_body_bytes, created=int(wall_clock())
     )
+    if images is not None:
+        attach_images(app, images, prestart=cfg.multimodal.prestart)
     if not isinstance(gate, OpenAdmission):
         from fleetgate.admission.http import add_admin_routes
         from fleetgate.admission.service import AdmissionService
@@ -78,6 +109,58 @@ def build_gateway(
             add_admin_routes(app, gate)  # /admin/tenants, /admin/usage, /admin/capacity
     scraper = MetricsScraper(client, interval_s=gw.scrape_interval_s, timeout_s=gw.scrape_timeout_s, rng=rng)
     return GatewayServer(config=gw, app=app, proxy=proxy, fleet=fleet, client=client, scraper=scraper)
+
+
+def attach_health(server: GatewayServer, remediators: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Black-box health checking per deployment (``fleetgate.health.HealthMonitor``), wired both ways.
+
+    Evidence in: every finished request (proxy listener) and every scraped generated-token counter.
+    Verdicts out: each transition sets the replica's ``health`` (unhealthy replicas leave routing at once)
+    and, where ``remediators[model]`` is given (a replica provider), restarts the replica. Replicas start
+    healthy: they were ready when handed to the gateway.
+    """
+    from fleetgate.core.health import HealthPolicy
+    from fleetgate.core.types import HealthState
+    from fleetgate.health.monitor import HealthMonitor
+
+    monitors: dict[str, HealthMonitor] = {}
+    registry: CollectorRegistry | None = server.proxy.metrics.registry
+    for model, deployment in server.fleet.deployments.items():
+        remediator = (remediators or {}).get(model)
+        monitor = HealthMonitor(
+            model=deployment.upstream_model,
+            policy=HealthPolicy(remediate=remediator is not None),
+            registry=registry,
+            remediator=remediator,
+            initial_state=HealthState.HEALTHY,
+        )
+        registry = None  # health series carry no deployment label: export the first deployment's only
+        monitor.set_replicas({name: r.url for name, r in deployment.replicas.items()})
+
+        def apply(transition: Any, deployment: Deployment = deployment) -> None:
+            replica = deployment.replicas.get(transition.replica)
+            if replica is not None:
+                replica.health = transition.new
+
+        monitor.add_listener(apply)
+        monitors[model] = monitor
+        server.add_service(f"health-{model}", monitor.start, monitor.stop)
+
+    def on_result(model: str, replica: str, ok: bool, now: float) -> None:
+        monitor = monitors.get(model)
+        if monitor is not None:
+            monitor.observe_request(replica, ok)
+
+    def on_scrape(target: Any, signals: EngineSignals | None) -> None:
+        monitor = monitors.get(getattr(target, "deployment", ""))
+        if monitor is not None and signals is not None and signals.generation_tokens is not None:
+            monitor.observe_progress(target.name, signals.generation_tokens)
+
+    server.proxy.listeners.append(on_result)
+    if server.scraper is not None:
+        server.scraper.on_scrape = on_scrape
+    server.extras["health"] = monitors
+    return monitors
 
 
 async def drain_replica(deployment: Deployment, name: str, timeout_s: float) -> None:
@@ -111,6 +194,9 @@ def sync_deployment(server: GatewayServer, deployment: Deployment, infos: Sequen
     for info in infos:
         state = deployment.add_replica(info.name, info.url)
         state.draining = False
+    monitor = server.extras.get("health", {}).get(deployment.model)
+    if monitor is not None:
+        monitor.set_replicas({name: r.url for name, r in deployment.replicas.items()})
     server.sync_replicas()
 
 
@@ -147,6 +233,7 @@ async def _wait_for_signal() -> int:
 async def serve(cfg: FleetgateConfig) -> None:
     """Run the gateway until SIGTERM/SIGINT, then drain and stop."""
     server = build_gateway(cfg)
+    attach_health(server)  # static replicas: detection and routing only, no restarts
     url = await server.start()
     print(f"fleetgate ready on {url}", flush=True)
     sig = await _wait_for_signal()
@@ -202,6 +289,7 @@ async def up(cfg: FleetgateConfig, *, replicas: int, port: int, model: str) -> N
         full = _up_config(cfg, model, infos)
         server = build_gateway(full)
         holder.update(server=server, deployment=server.fleet.get(model), provider=provider)
+        attach_health(server, {model: provider})  # local replicas: hung or crashed ones are restarted
         url = await server.start(port)
         print(f"fleetgate ready on {url}", flush=True)
         print(

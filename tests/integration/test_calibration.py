@@ -15,7 +15,7 @@ import pytest
 from fleetgate.core.units import load_profile
 
 #: Small batch so that a quick ladder (up to 32 clients) saturates it; time-scaled to keep the test short.
-SIM_ARGS = ["--time-scale", "1", "--max-num-seqs", "8"]
+SIM_ARGS = ["--time-scale", "0.5", "--max-num-seqs", "8"]
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import yaml
 
@@ -60,5 +61,44 @@ def test_up_serves_and_stops_without_orphans(tools: Any, tmp_path: Path) -> None
         while any(tools.pid_alive(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(tools.pid_alive(pid) for pid in children), "replica processes outlived fleetgate up"
+    finally:
+        up.kill()
+
+
+def test_up_restarts_a_crashed_replica_on_the_same_address(tools: Any, tmp_path: Path) -> None:
+    """The prober notices a dead replica and the local provider restarts it where it was; traffic goes on."""
+    port = _free_port()
+    up = tools.ServerProcess(
+        [tools.PY, "-m", "fleetgate.cli", "up", "--replicas", "2", "--port", str(port)], name="fleetgate-up"
+    )
+    try:
+        url = up.wait_ready(60)
+        replicas = dict(ln.split()[1:3] for ln in up.lines if ln.startswith("replica "))
+        victim = replicas["sim-0"]
+        before = set(tools.children_of(up.pid))
+        try:
+            httpx.post(victim + "/admin/fault", json={"kind": "crash"}, timeout=2)
+        except httpx.HTTPError:
+            pass
+        c = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=30, max_retries=0)
+        deadline = time.monotonic() + 40
+        restarted = False
+        while time.monotonic() < deadline:
+            # requests keep succeeding while one replica is down (retried on the other before any byte)
+            c.chat.completions.create(
+                model="fleetgate-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+            now = set(tools.children_of(up.pid))
+            if now - before:
+                try:
+                    restarted = httpx.get(victim + "/health", timeout=1).status_code == 200
+                except httpx.HTTPError:
+                    restarted = False
+                if restarted:
+                    break
+            time.sleep(0.5)
+        assert restarted, f"replica sim-0 was not restarted at {victim}:\n{up.output[-2000:]}"
+        up.signal(signal.SIGTERM)
+        assert up.wait(20) == 0
     finally:
         up.kill()

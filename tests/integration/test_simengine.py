@@ -445,6 +445,8 @@ def test_image_parts_are_charged_as_prompt_tokens(engine: Engine) -> None:
     )
     assert text_only.usage is not None and with_image.usage is not None
     assert with_image.usage.prompt_tokens == text_only.usage.prompt_tokens + 576  # --image-tokens default
+    details = with_image.usage.prompt_tokens_details
+    assert details is not None and details.model_dump().get("image_tokens") == 576
 
 
 def test_unknown_route_and_method_are_json_errors(engine: Engine) -> None:

@@ -6,6 +6,8 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleetgate.simengine.perfmodel import (
     EngineModel,
@@ -293,7 +295,9 @@ def _drive(
     return first, finished, emitted, counters
 
 
-@pytest.mark.parametrize(("seed", "budget"), [(1, 96), (2, 96), (3, 96), (4, 4)])
+@pytest.mark.parametrize(
+    ("seed", "budget"), [(1, 96), (2, 96), (3, 96), (4, 4), (70, 1000), (100, 96), (178, 1000)]
+)
 def test_macro_steps_equal_single_steps(seed: int, budget: int) -> None:
     f1, d1, e1, c1 = _drive(macro=True, seed=seed, budget=budget)
     f2, d2, e2, c2 = _drive(macro=False, seed=seed, budget=budget)
@@ -344,3 +348,76 @@ def test_quadratic_prefill_term_independent_of_chunking() -> None:
         times.append(m.run_until_idle().finished["a"])
     # 200^2 * 1e-6 = 0.04 s of prefill, plus a negligible overhead per iteration.
     assert times == [pytest.approx(0.04, abs=1e-6)] * 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    reqs=st.lists(
+        st.tuples(
+            st.floats(0, 2, allow_nan=False),  # arrival
+            st.integers(1, 200),  # input tokens
+            st.integers(1, 80),  # output tokens
+            st.integers(-2, 2),  # priority
+            st.integers(0, 3),  # prefix family
+            st.booleans(),  # cancel later
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    kv=st.sampled_from([320, 640, 4096]),
+    budget=st.sampled_from([None, 16, 64]),
+    seqs=st.integers(1, 6),
+    macro=st.booleans(),
+)
+def test_invariants_hold_for_any_workload(
+    reqs: list[tuple[float, int, int, int, int, bool]], kv: int, budget: int | None, seqs: int, macro: bool
+) -> None:
+    params = PerfParams(
+        max_num_seqs=seqs,
+        kv_capacity_tokens=kv,
+        max_num_batched_tokens=budget,
+        prefix_cache_blocks=8,
+        step_overhead_s=0.002,
+        decode_s_per_kv_token=1e-6,
+    )
+    m = EngineModel(params, macro=macro)
+    events: list[tuple[float, int, str]] = []
+    for i, (t, _, _, _, _, cancel) in enumerate(reqs):
+        events.append((t, 0, f"s{i}"))
+        if cancel:
+            events.append((t + 0.05, 1, f"c{i}"))
+    events.sort()
+    emitted: dict[str, int] = {}
+    first: dict[str, float] = {}
+    finished: dict[str, float] = {}
+    cancelled: set[str] = set()
+
+    def take(r: StepResult) -> None:
+        for k, v in r.emitted.items():
+            emitted[k] = emitted.get(k, 0) + v
+        first.update(r.first_token)
+        finished.update(r.finished)
+        assert 0.0 <= m.kv_usage <= 1.0
+
+    for t, kind, name in events:
+        take(m.advance(t))
+        i = int(name[1:])
+        _, n_in, n_out, prio, fam, _ = reqs[i]
+        if kind == 0:
+            if not m.fits(n_in, n_out):
+                continue
+            hashes = tuple(fam * 100 + b for b in range(n_in // 16))
+            m.submit(EngineRequest(f"r{i}", n_in, n_out, hashes, prio), t)
+        elif m.cancel(f"r{i}", t):
+            cancelled.add(f"r{i}")
+    take(m.run_until_idle())
+    assert m.num_running == 0 and m.num_waiting == 0 and m.kv_usage == 0.0
+    for rid, t_end in finished.items():
+        n_out = reqs[int(rid[1:])][2]
+        assert emitted[rid] == n_out
+        assert first[rid] <= t_end
+    assert not (set(finished) & cancelled)
+    submitted = {f"r{i}" for i, r in enumerate(reqs) if m.fits(r[1], r[2])}
+    assert set(finished) | cancelled == submitted
+    assert m.requests_finished == len(finished) and m.requests_cancelled == len(cancelled)
+    assert m.generation_tokens >= sum(emitted[r] for r in finished)

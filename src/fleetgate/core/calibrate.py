@@ -221,39 +221,51 @@ def fit_seconds(
 ) -> tuple[dict[str, float], tuple[str, ...]]:
     """Fit replica seconds per request; returns coefficients (seconds) by name and the extra terms used.
 
-    ``terms=None`` selects extra terms greedily: a term is added when it cuts the relative RMS error on these
-    measurements by at least ``gain`` (the data "asks for it"); pass a sequence to force a set.
+    ``terms=None`` selects extra terms greedily: a term is added when it cuts the leave-one-out relative RMS
+    error on these measurements by at least ``gain`` (the data "asks for it"; cross-validation keeps a
+    term from merely soaking up noise). Pass a sequence to force a set.
     """
     y = np.asarray([m.replica_seconds for m in measurements], dtype=np.float64)
+    n = len(measurements)
 
-    def solve(ts: Sequence[str]) -> tuple[FloatArray, float]:
+    def solve(ts: Sequence[str]) -> FloatArray:
+        return fit_weighted_nnls(design_matrix(measurements, terms=ts), y)
+
+    def cv_error(ts: Sequence[str]) -> float:
         x = design_matrix(measurements, terms=ts)
-        c = fit_weighted_nnls(x, y)
-        return c, float(np.sqrt(np.mean(((x @ c - y) / y) ** 2)))
+        if n <= x.shape[1] + 1:  # too few points to leave one out: no extra terms
+            return math.inf
+        rel = []
+        for i in range(n):
+            keep = np.arange(n) != i
+            c = fit_weighted_nnls(x[keep], y[keep])
+            rel.append((x[i] @ c - y[i]) / y[i])
+        return float(np.sqrt(np.mean(np.square(rel))))
 
     if terms is None:
         chosen: list[str] = []
-        coef, err = solve(chosen)
+        err = cv_error(chosen)
         improved = True
-        while improved:
+        while improved and math.isfinite(err):
             improved = False
-            best: tuple[float, str, FloatArray] | None = None
+            best: tuple[float, str] | None = None
             for t in EXTRA_TERMS:
                 if t in chosen:
                     continue
-                c, e = solve([*chosen, t])
-                if c[-1] > 0 and e <= (1.0 - gain) * err and (best is None or e < best[0]):
-                    best = (e, t, c)
+                e = cv_error([*chosen, t])
+                if e <= (1.0 - gain) * err and (best is None or e < best[0]) and solve([*chosen, t])[-1] > 0:
+                    best = (e, t)
             if best is not None:
-                err, coef = best[0], best[2]
+                err = best[0]
                 chosen.append(best[1])
                 improved = True
         used = tuple(chosen)
+        coef = solve(used)
     else:
         used = tuple(terms)
         for t in used:
             _term(t, 0.0, 0.0)
-        coef, _ = solve(used)
+        coef = solve(used)
     secs = {"gamma": float(coef[0]), "alpha": float(coef[1]), "beta": float(coef[2])}
     for t in EXTRA_TERMS:
         secs[t] = float(coef[3 + used.index(t)]) if t in used else 0.0

@@ -209,10 +209,16 @@ class EngineProbe:
         requests_per_worker: int = 4,
         min_requests: int = 8,
         growth: float = 0.05,
+        patience: int = 2,
         on_level: Callable[[LevelResult], None] | None = None,
     ) -> SaturationResult:
-        """Climb the concurrency ladder until throughput grows by less than ``growth`` (saturated)."""
+        """Climb the ladder until ``patience`` rungs in a row fail to beat the best throughput by ``growth``.
+
+        Patience 2 because a closed loop of exactly as many clients as the engine has batch slots leaves
+        slots idle during every client round trip; the next rung (queued requests) is what saturates it.
+        """
         result = SaturationResult()
+        stalled = 0
         for c in ladder:
             level = await self.closed_loop(shapes, c, max(c * requests_per_worker, min_requests))
             if on_level is not None:
@@ -220,7 +226,11 @@ class EngineProbe:
             prev = result.saturated_rps if result.levels else 0.0
             result.levels.append(level)
             if prev > 0 and level.throughput_rps < prev * (1.0 + growth):
-                break
+                stalled += 1
+                if stalled >= patience:
+                    break
+            else:
+                stalled = 0
         return result
 
 

@@ -34,6 +34,7 @@ class UpstreamClient:
                 ),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
+                cookie_jar=aiohttp.DummyCookieJar(),  # engines set no cookies; a real jar costs per request
             )
         return self._session
 

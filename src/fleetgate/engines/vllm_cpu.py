@@ -6,7 +6,8 @@ project venv stays light. Known quirks, each handled here:
   metadata of the CPU build;
 - torchvision, torchaudio and torchcodec fail to import in that venv and are uninstalled by the build script;
 - the CPU backend needs an explicit KV cache size (``VLLM_CPU_KVCACHE_SPACE`` in GiB);
-- ``--enforce-eager`` skips graph compilation (about 20 s to start instead of minutes).
+- ``--enforce-eager`` skips graph compilation (about 20 s to start instead of minutes);
+- never pass ``--disable-log-stats``: it also turns off the ``vllm:`` Prometheus metrics.
 Random weights rarely emit end-of-sequence: send ``"ignore_eos": true`` with ``max_tokens`` for exact lengths.
 """
 
@@ -85,7 +86,6 @@ def build_vllm_command(cfg: VllmCpuConfig) -> list[str]:
         str(cfg.seed),
         "--dtype",
         "float32",
-        "--disable-log-stats",
     ]
     if cfg.enforce_eager:
         cmd.append("--enforce-eager")

@@ -29,6 +29,7 @@ class ReplicaState:
 
     name: str
     url: str
+    deployment: str = ""
     capacity_mu_per_min: float = 100.0
     health: HealthState = HealthState.HEALTHY
     draining: bool = False
@@ -100,7 +101,10 @@ class Deployment:
         state = self.replicas.get(name)
         if state is None:
             state = ReplicaState(
-                name=name, url=url.rstrip("/"), capacity_mu_per_min=self.config.capacity_mu_per_min
+                name=name,
+                url=url.rstrip("/"),
+                deployment=self.model,
+                capacity_mu_per_min=self.config.capacity_mu_per_min,
             )
             self.replicas[name] = state
         else:

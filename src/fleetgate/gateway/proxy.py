@@ -14,10 +14,11 @@ engine sees as an abort. Every admitted request is settled (it ran) or released 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -43,6 +44,7 @@ from fleetgate.core.types import RandomSource, RequestInfo, Usage
 from fleetgate.engines.client import UpstreamClient
 from fleetgate.gateway.admission import (
     Admission,
+    OpenAdmission,
     admission_clock,
     tenant_name,
     tenant_priority,
@@ -57,6 +59,9 @@ from fleetgate.gateway.errors import (
 )
 from fleetgate.gateway.fleet import Deployment, Fleet, ReplicaState
 from fleetgate.gateway.metrics import GatewayMetrics
+
+if TYPE_CHECKING:
+    from fleetgate.multimodal.pipeline import ImagePipeline
 
 log = logging.getLogger("fleetgate.gateway")
 
@@ -97,13 +102,16 @@ class Proxy:
         admission: Admission,
         rng: RandomSource,
         clock: Callable[[], float],
+        images: ImagePipeline | None = None,
     ) -> None:
         self.config = config
+        self.images = images  # multimodal preprocessing; only image requests touch it
         self.fleet = fleet
         self.client = client
         self.metrics = metrics
         self.admission = admission
         self.admission_clock = admission_clock(admission, clock)
+        self._instant_settle = type(admission) is OpenAdmission
         self.rng = rng
         self.clock = clock
         self.listeners: list[ResultListener] = []
@@ -142,7 +150,11 @@ class Proxy:
             tenant = self.admission.authenticate(request.headers.get("Authorization"))
             parsed = parse_request(load_json_body(await self._read_body(request)), endpoint)
             deployment = self.fleet.get(parsed.model)
-            info = self._request_info(parsed, deployment, tenant, request, request_id, start)
+            image_tokens = 0
+            if parsed.image_parts and self.images is not None:  # text-only requests skip this entirely
+                new_body, image_tokens = await self.images.process_body(parsed.body, parsed.model)
+                parsed = dataclasses.replace(parsed, body=new_body)
+            info = self._request_info(parsed, deployment, tenant, request, request_id, start, image_tokens)
             ticket = await self.admission.admit(tenant, info, self.admission_clock())
             call.headers = ticket_headers(ticket)
             try:
@@ -174,12 +186,13 @@ class Proxy:
         request: web.Request,
         request_id: str,
         now: float,
+        image_tokens: int = 0,
     ) -> RequestInfo:
         name = tenant_name(tenant)
         profile = deployment.profile
         p90 = self.fleet.output_p90(name)
         expected = profile.expected_output_tokens(parsed.max_output_tokens, p90)
-        cost = profile.cost(parsed.input_tokens, expected)
+        cost = profile.cost(parsed.input_tokens, expected, image_tokens=image_tokens)
         return parsed.request_info(
             request_id,
             tenant=name,
@@ -188,6 +201,7 @@ class Proxy:
             priority=tenant_priority(tenant),
             session_key=_session_key(request, parsed),
             arrival_s=now,
+            image_tokens=image_tokens,
         )
 
     async def _read_body(self, request: web.Request) -> bytes:
@@ -203,6 +217,8 @@ class Proxy:
         """The body to send (``None``: forward the client's bytes) and whether to strip injected usage."""
         body: dict[str, Any] | None = None
         strip = False
+        if parsed.image_parts and self.images is not None:  # images were re-encoded into parsed.body
+            body = parsed.body
         if deployment.upstream_model != parsed.model:
             body = {**parsed.body, "model": deployment.upstream_model}
         if parsed.stream and not parsed.include_usage and self.config.stream_usage:
@@ -426,15 +442,19 @@ class Proxy:
             return
         usage = call.usage
         if usage is None:
-            usage = Usage(prompt_tokens=info.input_tokens, completion_tokens=call.output_events)
+            usage = Usage(
+                prompt_tokens=info.input_tokens,
+                completion_tokens=call.output_events,
+                image_tokens=info.image_tokens,
+            )
         actual = deployment.profile.settle(usage)
         if call.usage is not None:
             self.fleet.observe_output(info.tenant, usage.completion_tokens)
-        # shielded: a client that leaves right now must not cancel the bookkeeping
-        now = self.admission_clock()
-        await asyncio.shield(
-            asyncio.ensure_future(self.admission.settle(ticket, actual, now, usage=call.usage))
-        )
+        settle = self.admission.settle(ticket, actual, self.admission_clock(), usage=call.usage)
+        if self._instant_settle:
+            await settle  # completes without suspending: nothing to protect
+        else:  # shielded: a client that leaves right now must not cancel the bookkeeping
+            await asyncio.shield(asyncio.ensure_future(settle))
 
     def _record(self, endpoint: str, deployment: Deployment | None, call: _Call, start: float) -> None:
         dep = deployment.model if deployment is not None else "unknown"

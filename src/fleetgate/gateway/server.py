@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -47,6 +48,15 @@ class GatewayServer:
         self.port: int | None = None
         self._loops: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._services: list[tuple[str, Callable[[], Awaitable[Any]], Callable[[], Awaitable[Any]]]] = []
+        #: control-plane objects attached by the composition root (e.g. ``"health"`` -> monitors by model)
+        self.extras: dict[str, Any] = {}
+
+    def add_service(
+        self, name: str, start: Callable[[], Awaitable[Any]], stop: Callable[[], Awaitable[Any]]
+    ) -> None:
+        """Register a component with its own start/stop (a prober, an autoscaler loop ...)."""
+        self._services.append((name, start, stop))
 
     def add_loop(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
         """Register a control loop (prober, autoscaler, capacity ...) run from ``start`` until ``stop``."""
@@ -77,6 +87,8 @@ class GatewayServer:
         self.port = sockets[0].getsockname()[1] if sockets else (port or self.config.port)
         self.sync_replicas()
         self._tasks = [asyncio.create_task(_guard(name, run), name=name) for name, run in self._loops]
+        for _, start_service, _ in self._services:
+            await start_service()
         return self.url
 
     def sync_replicas(self) -> None:
@@ -97,6 +109,11 @@ class GatewayServer:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+        for name, _, stop_service in reversed(self._services):
+            try:
+                await stop_service()
+            except Exception:
+                log.exception("stopping %s", name)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

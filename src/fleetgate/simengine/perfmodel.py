@@ -520,6 +520,7 @@ class EngineModel:
             self._changed(now)
         else:
             self._n_waiting -= 1  # lazily removed from the heap
+            self._changed(now)  # the queue head may change, and with it what can be admitted
         return True
 
     def _changed(self, now: float) -> None:

@@ -76,6 +76,7 @@ class _Live:
         "arrival",
         "cached",
         "done",
+        "image_tokens",
         "model_id",
         "plan",
         "prompt_tokens",
@@ -91,6 +92,7 @@ class _Live:
         self.plan = plan
         self.start = start
         self.prompt_tokens = prompt_tokens
+        self.image_tokens = 0
         self.arrival = arrival
         self.tokens = 0
         self.cached = 0
@@ -104,6 +106,7 @@ class _Prepared:
     stream: bool
     include_usage: bool
     prompt_tokens: int
+    image_tokens: int
     hashes: tuple[int, ...]
     plan: PlannedOutput
     start: int
@@ -394,7 +397,8 @@ class SimEngine:
             raise InvalidRequestError("'ignore_eos' must be a boolean", param="ignore_eos")
         stop = _stop_list(body.get("stop"))
         params = self.config.params
-        prompt_tokens = max(1, parsed.input_tokens) + parsed.image_parts * self.config.image_tokens
+        image_tokens = parsed.image_parts * self.config.image_tokens
+        prompt_tokens = max(1, parsed.input_tokens) + image_tokens
         room = params.max_model_len - prompt_tokens
         if room < 1:
             raise InvalidRequestError(
@@ -427,7 +431,15 @@ class SimEngine:
         plan = plan_output(start, max_tokens, stop, eos_at)
         hashes = block_hashes(parsed.prompt_text, params.block_tokens)
         return _Prepared(
-            parsed.model, parsed.stream, parsed.include_usage, prompt_tokens, hashes, plan, start, priority
+            parsed.model,
+            parsed.stream,
+            parsed.include_usage,
+            prompt_tokens,
+            image_tokens,
+            hashes,
+            plan,
+            start,
+            priority,
         )
 
     async def _complete(self, request: web.Request, endpoint: str) -> web.StreamResponse:
@@ -448,6 +460,7 @@ class SimEngine:
         model_id = str(seq)
         plan = prep.plan
         live = _Live(model_id, plan, prep.start, prep.prompt_tokens, arrival)
+        live.image_tokens = prep.image_tokens
         self._live[model_id] = live
         self.model.submit(
             EngineRequest(model_id, prep.prompt_tokens, plan.tokens, prep.hashes, prep.priority), self._vnow()
@@ -481,11 +494,14 @@ class SimEngine:
 
     def _usage(self, live: _Live) -> dict[str, Any]:
         completion = live.plan.tokens
+        details: dict[str, int] = {"cached_tokens": live.cached}
+        if live.image_tokens:
+            details["image_tokens"] = live.image_tokens  # read by core.openai.usage_from_mapping
         return {
             "prompt_tokens": live.prompt_tokens,
             "total_tokens": live.prompt_tokens + completion,
             "completion_tokens": completion,
-            "prompt_tokens_details": {"cached_tokens": live.cached},
+            "prompt_tokens_details": details,
         }
 
     def _full_response(self, live: _Live, endpoint: str, rid: str, model: str) -> web.Response:

@@ -77,6 +77,7 @@ class FleetgatePolicy:
         cache_tokens_per_replica: int = 400_000,
         sticky_cache: bool = True,
         guard_exempt_ratio: float = 0.3,
+        cached_load_bound: float = 1.3,
         sticky_min_blocks: int = 1,
         profile: str | None = None,
         prefill_mu_per_token: float | None = None,
@@ -109,6 +110,7 @@ class FleetgatePolicy:
         self.cache_tokens_per_replica = cache_tokens_per_replica
         self.sticky_cache = sticky_cache
         self.guard_exempt_ratio = guard_exempt_ratio
+        self.cached_load_bound = max(cached_load_bound, load_bound)
         self.sticky_min_blocks = sticky_min_blocks
         self.outliers = outliers
         self.key_fn = KeyFunction(key, key_prefix_tokens)
@@ -221,6 +223,7 @@ class FleetgatePolicy:
         own = request.cost_mu if request.cost_mu > 0 else full
         mean = (sum(rates) + own) / n
         rel_lim = self.load_bound * mean - own
+        rel_lim_cached = self.cached_load_bound * mean - own
         slack = self.guard_min_util * horizon
         # A hot key (its subset grew beyond the minimum) must spread: no guard exemption for cached
         # replicas and no pull towards cache holders outside its subset.
@@ -261,7 +264,11 @@ class FleetgatePolicy:
             t = wait + pre / cap
             if t < any_t or (t == any_t and v < any_v):
                 any_i, any_t, any_v = i, t, v
-            if v > rel_lim and v + own - mean > slack * cap and d * bt < exempt_tokens:
+            if (
+                v > rel_lim
+                and v + own - mean > slack * cap
+                and (d * bt < exempt_tokens or v > rel_lim_cached)
+            ):
                 skipped += 1
                 continue
             if t < best_t or (t == best_t and v < best_v):
@@ -410,9 +417,9 @@ class FleetgatePolicy:
                 excess = rate[src] - mean
                 if excess <= self.rebalance_band * mean / 2 or moved >= self.max_moves:
                     break
-                if c <= 0 or c > excess:
+                if c <= 0 or c > excess * 1.000001:
                     continue
-                cold = {m for m in members if rate[m] + c <= mean}
+                cold = {m for m in members if rate[m] + c <= hi and m != src}
                 if not cold:
                     break
                 st = aff.keys[key]
@@ -451,6 +458,7 @@ _PARAMS: dict[str, Any] = {
     "cache_tokens_per_replica": int,
     "sticky_cache": bool,
     "guard_exempt_ratio": float,
+    "cached_load_bound": float,
     "sticky_min_blocks": int,
     "profile": str,
     "prefill_mu_per_token": float,

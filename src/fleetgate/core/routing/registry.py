@@ -64,7 +64,7 @@ def _p2c(params: dict[str, Any]) -> RoutingPolicy:
         "p2c",
         [RoutableFilter(det), RandomSampleFilter(k)],
         [(QueueLengthScorer(), 1.0)],
-        MaxScorePicker("first"),
+        MaxScorePicker("random"),
         outliers=det,
     )
 

@@ -1,0 +1,308 @@
+"""fleetgate's default policy and its parts: workload keys, bounded-load affinity, decaying rates."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+
+from fleetgate.core.routing import build_policy
+from fleetgate.core.routing.affinity import BoundedLoadAffinity
+from fleetgate.core.routing.fleetgate import FleetgatePolicy
+from fleetgate.core.routing.keys import KeyFunction, mix64, str_hash64
+from fleetgate.core.routing.rates import DecayingRates, SlidingSums
+from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
+
+
+def fleet(n: int, **kw: object) -> list[ReplicaSnapshot]:
+    return [ReplicaSnapshot(f"r{i}", **kw) for i in range(n)]  # type: ignore[arg-type]
+
+
+def request(i: int, hashes: tuple[int, ...] = (), **kw: object) -> RequestInfo:
+    base: dict[str, object] = {
+        "input_tokens": max(len(hashes), 1) * 512,
+        "prefix_hashes": hashes,
+        "prefix_block_tokens": 512,
+        "cost_mu": 1.0,
+    }
+    base.update(kw)
+    return RequestInfo(request_id=f"q{i}", model="m", **base)  # type: ignore[arg-type]
+
+
+def policy(**params: object) -> FleetgatePolicy:
+    p = build_policy("fleetgate", {"profile": "llama2-70b-h100-tp4", **params})
+    assert isinstance(p, FleetgatePolicy)
+    return p
+
+
+# -- keys ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "a", "b", "same"),
+    [
+        ("prefix", {"prefix_hashes": (1, 2, 3)}, {"prefix_hashes": (1, 2, 4)}, True),  # first 1024 tokens
+        ("prefix", {"prefix_hashes": (1, 2)}, {"prefix_hashes": (1, 3)}, False),
+        ("prefix", {"prefix_hashes": (1,)}, {"prefix_hashes": (1,), "tenant": "x"}, True),
+        ("prefix", {"session_key": "s1"}, {"session_key": "s1", "tenant": "x"}, True),  # no prefix: session
+        ("session", {"session_key": "s1", "prefix_hashes": (1, 2)}, {"session_key": "s1"}, True),
+        ("session", {"session_key": "s1"}, {"session_key": "s2"}, False),
+        ("tenant", {"tenant": "t1", "prefix_hashes": (1, 2)}, {"tenant": "t1", "prefix_hashes": (3,)}, True),
+        ("tenant", {"tenant": "t1"}, {"tenant": "t2"}, False),
+    ],
+)
+def test_workload_keys(kind: str, a: dict[str, object], b: dict[str, object], same: bool) -> None:
+    fn = KeyFunction(kind, key_prefix_tokens=1024)
+    ra = RequestInfo(request_id="a", model="m", prefix_block_tokens=512, **a)  # type: ignore[arg-type]
+    rb = RequestInfo(request_id="b", model="m", prefix_block_tokens=512, **b)  # type: ignore[arg-type]
+    assert (fn(ra) == fn(rb)) is same
+
+
+def test_hashes_are_stable_across_processes() -> None:
+    # Fixed values: Python's randomised hash() would change them from run to run.
+    assert str_hash64("tenant") == int.from_bytes(__import__("hashlib").blake2b(b"tenant", digest_size=8).digest(), "big")
+    assert mix64(0) == 0xE220A8397B1DCDAF
+    assert len({mix64(i) >> 60 for i in range(64)}) > 8  # small ids spread over the ring
+
+
+# -- rates -----------------------------------------------------------------------------------------------
+
+
+def test_decaying_rates() -> None:
+    r: DecayingRates[str] = DecayingRates(tau_s=10.0)
+    r.add("a", 10.0, 0.0)
+    assert r.rate("a", 0.0) == pytest.approx(1.0)
+    assert r.rate("a", 10.0) == pytest.approx(math.exp(-1.0))
+    r.add("a", 10.0, 1000.0)  # far later: rebases, stays finite
+    assert r.rate("a", 1000.0) == pytest.approx(1.0, rel=1e-6)
+    r.shift("a", "b", 0.5, 1000.0)
+    assert r.rate("a", 1000.0) == pytest.approx(0.5) and r.rate("b", 1000.0) == pytest.approx(0.5)
+
+
+def test_sliding_sums() -> None:
+    s = SlidingSums(60.0)
+    s.add("a", 5.0, 0.0)
+    s.add("b", 3.0, 30.0)
+    assert (s.sums["a"], s.total) == (5.0, 8.0)
+    s.expire(60.0)
+    assert (s.sums["a"], s.sums["b"], s.total) == (0.0, 3.0, 3.0)
+
+
+# -- bounded-load affinity -------------------------------------------------------------------------------
+
+
+def test_bounded_load_holds_for_many_keys() -> None:
+    aff = BoundedLoadAffinity(bound_eps=0.25, min_subset=2)
+    names = {f"r{i}" for i in range(10)}
+    aff.ensure_ring(names)
+    for k in range(2000):
+        key = mix64(k)
+        aff.commit(key, aff.walk(key, names, len(names), 2), 0.0)
+    bound = math.ceil(1.25 * aff.total_slots / len(names))
+    assert aff.total_slots == 4000
+    assert max(aff.slots.values()) <= bound
+    assert all(len(set(st.subset)) == 2 for st in aff.keys.values())
+
+
+def test_adding_a_replica_moves_few_keys() -> None:
+    aff = BoundedLoadAffinity(min_subset=1, bound_eps=10.0)  # loose bound: pure consistent hashing
+    names = {f"r{i}" for i in range(8)}
+    aff.ensure_ring(names)
+    keys = [mix64(k) for k in range(1000)]
+    before = {k: aff.walk(k, names, 8, 1)[0] for k in keys}
+    aff.ensure_ring({"r8"})
+    after = {k: aff.walk(k, names | {"r8"}, 9, 1)[0] for k in keys}
+    moved = [k for k in keys if before[k] != after[k]]
+    assert all(after[k] == "r8" for k in moved)  # keys only move to the newcomer
+    assert 0.03 < len(moved) / len(keys) < 0.25  # about 1/9 of them
+
+
+def test_subset_size_follows_key_rate() -> None:
+    aff = BoundedLoadAffinity(min_subset=2, hot_share=0.5, max_subset=6)
+    assert aff.desired_size(0.1, 1.0, 16) == 2
+    assert aff.desired_size(1.6, 1.0, 16) == 4
+    assert aff.desired_size(100.0, 1.0, 16) == 6
+    assert aff.desired_size(100.0, 1.0, 3) == 3
+    assert aff.should_shrink(0.5, 1.0, 4)  # 0.5 < 0.7 * 3 * 0.5
+    assert not aff.should_shrink(1.2, 1.0, 4)
+    assert not aff.should_shrink(0.0, 1.0, 2)  # never below the minimum
+
+
+# -- fleetgate policy -----------------------------------------------------------------------------------
+
+
+def test_conversation_sticks_to_the_replica_with_its_prefix() -> None:
+    p = policy()
+    rng = random.Random(0)
+    replicas = fleet(8)
+    first = request(0, (1, 2, 3))
+    d0 = p.pick(first, replicas, 0.0, rng)
+    p.on_dispatch(first, d0.replica, 0.0)
+    for i in range(1, 6):
+        r = request(i, (1, 2, 3, *range(10, 10 + i)))
+        d = p.pick(r, replicas, 100.0 * i, rng)  # idle fleet: only the cache differs
+        p.on_dispatch(r, d.replica, 100.0 * i)
+        assert d.replica == d0.replica
+        assert d.scores["cached_blocks"] >= 3
+
+
+def test_a_busy_cache_holder_loses_to_an_idle_replica() -> None:
+    p = policy()
+    rng = random.Random(0)
+    replicas = fleet(4)
+    for i in range(30):  # 30 long prompts queued on the holder within one second
+        r = request(i, (1, 2, 3, 1000 + i), input_tokens=8000)
+        p.on_dispatch(r, "r0", 0.0)
+    d = p.pick(request(99, (1, 2, 3, 4)), replicas, 1.0, rng)
+    assert d.replica != "r0"
+    assert d.reason == "fleetgate:spill" or d.replica in p.affinity.keys.get(p.key_fn(request(0, (1, 2))), None).subset  # type: ignore[union-attr]
+
+
+def test_estimated_ttft_counts_uncached_prefill_and_queue() -> None:
+    p = policy()
+    r = request(0, (1, 2, 3, 4), input_tokens=2048)
+    p.on_dispatch(request(1, (1, 2, 3)), "r1", 0.0)
+    replicas = [ReplicaSnapshot("r0", capacity_mu_per_min=60.0), ReplicaSnapshot("r1", capacity_mu_per_min=60.0)]
+    d = p.pick(r, replicas, 1000.0, random.Random(0))
+    assert d.replica == "r1"
+    full = p.prefill_mu(r)
+    # r1 holds 3 of 4 blocks: a quarter of the prefill at full price plus the discounted rest (1 MU/s).
+    expected = full * 0.25 + full * 0.75 * p.cache_discount
+    assert d.scores["est_ttft_s"] == pytest.approx(expected)
+
+
+def test_engine_waiting_queue_is_respected() -> None:
+    """A replica whose engine reports a long waiting queue (e.g. KV thrashing) is avoided even if the
+    fluid model thinks it is idle."""
+    p = policy()
+    p.on_dispatch(request(1, (1, 2, 3)), "r0", 0.0)
+    replicas = [
+        ReplicaSnapshot("r0", inflight_requests=50, inflight_mu=100.0, engine_waiting=45, engine_running=5),
+        ReplicaSnapshot("r1"),
+    ]
+    d = p.pick(request(2, (1, 2, 3, 4)), replicas, 500.0, random.Random(0))
+    assert d.replica == "r1"
+
+
+def test_affinity_never_forces_an_unhealthy_or_excluded_replica() -> None:
+    p = policy()
+    rng = random.Random(0)
+    first = request(0, (7, 8, 9))
+    d0 = p.pick(first, fleet(4), 0.0, rng)
+    p.on_dispatch(first, d0.replica, 0.0)
+    sick = [
+        ReplicaSnapshot(r.name, health=HealthState.UNHEALTHY) if r.name == d0.replica else r for r in fleet(4)
+    ]
+    for i in range(20):
+        d = p.pick(request(i + 1, (7, 8, 9, i)), sick, 1.0 + i, rng)
+        assert d.replica != d0.replica
+    retry = p.pick(request(50, (7, 8, 9)), fleet(4), 30.0, rng, frozenset({d0.replica}))
+    assert retry.replica != d0.replica
+
+
+def test_hot_key_spreads_over_a_growing_subset_and_shrinks_when_cool() -> None:
+    p = policy(hot_share=0.5, key_ttl_s=10_000)
+    rng = random.Random(0)
+    replicas = fleet(8)
+    key = p.key_fn(request(0, (5, 6)))
+    now = 0.0
+    used = Counter()
+    for i in range(3000):  # one key at ~4 replicas' worth of MU per second
+        now += 0.15
+        r = request(i, (5, 6, 1_000_000 + i), cost_mu=1.0)
+        d = p.pick(r, replicas, now, rng)
+        p.on_dispatch(r, d.replica, now)
+        used[d.replica] += 1
+    state = p.affinity.keys[key]
+    assert len(state.subset) >= 4
+    assert len(used) >= 4
+    # It cools down: one request a minute for an hour.
+    for i in range(60):
+        now += 60.0
+        r = request(10_000 + i, (5, 6, 2_000_000 + i), cost_mu=1.0)
+        d = p.pick(r, replicas, now, rng)
+        p.on_dispatch(r, d.replica, now)
+    assert len(p.affinity.keys[key].subset) == p.affinity.min_subset
+
+
+def test_idle_keys_expire() -> None:
+    p = policy(key_ttl_s=100.0, rebalance_interval_s=10.0)
+    rng = random.Random(0)
+    for i in range(50):
+        r = request(i, (i, i + 1000))
+        p.on_dispatch(r, p.pick(r, fleet(4), float(i), rng).replica, float(i))
+    assert len(p.affinity.keys) == 50
+    late = request(999, (99_999, 1))
+    p.on_dispatch(late, p.pick(late, fleet(4), 500.0, rng).replica, 500.0)
+    p.on_dispatch(late, "r0", 511.0)
+    assert len(p.affinity.keys) == 1
+    assert p.affinity.total_slots == sum(len(s.subset) for s in p.affinity.keys.values())
+
+
+def test_departed_replicas_leave_subsets() -> None:
+    p = policy(rebalance_interval_s=1.0)
+    rng = random.Random(0)
+    for i in range(100):
+        r = request(i, (i, i + 1000))
+        p.on_dispatch(r, p.pick(r, fleet(6), 0.0, rng).replica, 0.0)
+    small = fleet(3)
+    for t in (1.0, 2.5):
+        r = request(1000 + int(t), (1, 2))
+        p.on_dispatch(r, p.pick(r, small, t, rng).replica, t)
+    names = {r.name for r in small}
+    for st in p.affinity.keys.values():
+        assert set(st.subset) <= names and len(st.subset) == 2
+
+
+def test_rebalance_moves_few_keys_from_an_overloaded_replica() -> None:
+    p = policy(rebalance_band=0.15, load_bound=100.0)
+    names = [f"r{i}" for i in range(4)]
+    p.affinity.ensure_ring(names)
+    now = 100.0
+    tau = p.replica_rates.tau_s
+    key_rates = {"r0": [3.0, 3.0] + [1.0] * 10, "r1": [1.0] * 8, "r2": [1.0] * 8, "r3": [1.0] * 8}
+    k = 0
+    hot = []
+    for name, rates in key_rates.items():
+        for rate in rates:
+            p.affinity.commit(k, [name], now)
+            p.key_rates.add(k, rate * tau, now)  # rate MU/s, expressed as decayed MU
+            p.replica_rates.add(name, rate * tau, now)
+            if rate > 1.0:
+                hot.append(k)
+            k += 1
+    moved = p.rebalance(now, names)
+    assert moved == 2  # the two big keys, not six small ones
+    assert all(p.affinity.keys[h].subset != ["r0"] for h in hot)
+    scale = p.replica_rates.scale(now)
+    rates_after = [p.replica_rates.values[n] * scale for n in names]
+    assert max(rates_after) <= 1.15 * sum(rates_after) / 4
+    assert p.affinity.moves == 2
+
+
+def test_seeded_runs_are_identical() -> None:
+    def run() -> list[str]:
+        p = policy()
+        rng = random.Random(11)
+        out = []
+        for i in range(300):
+            r = request(i, (i % 7, i % 13, i), cost_mu=0.5 + (i % 5))
+            replicas = [ReplicaSnapshot(f"r{j}", inflight_requests=(i + j) % 4) for j in range(6)]
+            d = p.pick(r, replicas, i * 0.3, rng)
+            p.on_dispatch(r, d.replica, i * 0.3)
+            if i % 3 == 0:
+                p.on_complete(r, d.replica, i * 0.3 + 1.0, 0.4, True)
+            out.append(d.replica)
+        return out
+
+    assert run() == run()
+
+
+def test_params_are_validated() -> None:
+    with pytest.raises(ValueError):
+        policy(load_bound=0.5)
+    with pytest.raises(ValueError):
+        policy(load_signal="median")
+    assert policy(key="session", load_signal="window").load_signal == "window"
