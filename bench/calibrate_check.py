@@ -100,9 +100,9 @@ async def measure_mix(
         return cycle[i % len(cycle)]
 
     pick_fn: Callable[[int], Shape] = pick
-    sat = await probe.saturate(
-        pick_fn, ladder, requests_per_worker=requests_per_worker, min_requests=4 * len(cycle)
-    )
+    # whole cycles, and enough of them that the middle half of the run is steady state
+    per_worker = -(-requests_per_worker // len(cycle)) * len(cycle)
+    sat = await probe.saturate(pick_fn, ladder, requests_per_worker=per_worker, min_requests=8 * len(cycle))
     best = sat.best
     costs = [profile.cost(p, c) for p, c in best.usages]
     mean_cost = sum(costs) / len(costs)

@@ -14,10 +14,11 @@ import argparse
 import random
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 
 from fleetgate.core.routing import POLICY_NAMES, RoutingPolicy, build_policy
-from fleetgate.core.types import ReplicaSnapshot, RequestInfo, RouteDecision
+from fleetgate.core.types import RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
 
 
 def make_requests(n: int, seed: int) -> list[RequestInfo]:
@@ -49,7 +50,12 @@ class _Null:
     name = "harness"
 
     def pick(
-        self, request: RequestInfo, replicas: list[ReplicaSnapshot], now: float, rng: object
+        self,
+        request: RequestInfo,
+        replicas: Sequence[ReplicaSnapshot],
+        now: float,
+        rng: RandomSource,
+        exclude: frozenset[str] = frozenset(),
     ) -> RouteDecision:
         return RouteDecision(replicas[0].name)
 

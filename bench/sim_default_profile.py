@@ -6,7 +6,7 @@ requests per second, more than a 2-core machine can send. Its performance model 
 measures it directly, the same way ``fleetgate calibrate`` measures a live engine: for each shape of the
 sweep, ``4 x max_num_seqs`` identical requests are queued at once and the steady-state completion rate (the
 middle half of the completions) gives the replica seconds per request; ``core.calibrate`` fits the profile.
-``DEFAULT_PROFILE`` in ``core/units.py`` carries the same coefficients (a unit test keeps them in sync).
+Deployments of simulated engines at their default settings should use ``cost_profile: fleetgate-sim``.
 
     .venv/bin/python bench/sim_default_profile.py [--no-write]
 """

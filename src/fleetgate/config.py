@@ -56,6 +56,11 @@ class DeploymentConfig(_Strict):
         default=None, description="Cost profile name or JSON path (model units); default profile if unset."
     )
     capacity_mu_per_min: float = Field(default=100.0, gt=0, description="MU one replica serves per minute.")
+    upstream_api_key: str | None = Field(
+        default=None,
+        description="Bearer key the gateway sends to the engines (e.g. vLLM --api-key); clients' keys are "
+        "never forwarded.",
+    )
 
     @model_validator(mode="after")
     def _unique_replicas(self) -> DeploymentConfig:
@@ -88,6 +93,12 @@ class GatewayConfig(_Strict):
     )
     scrape_interval_s: float = Field(default=1.0, gt=0, description="Engine /metrics scrape period.")
     scrape_timeout_s: float = Field(default=1.0, gt=0, description="Timeout of one /metrics scrape.")
+    health_checks: bool | None = Field(
+        default=None,
+        description="Black-box probes and hang detection of the replicas (fleetgate.health). Default: on "
+        "under `fleetgate up` (crashed or hung replicas are restarted), off under `fleetgate serve` "
+        "(probes need engines that serve /v1/completions; there it only takes replicas out of routing).",
+    )
 
 
 def _hash_api_key(value: str) -> str:
@@ -197,6 +208,13 @@ class LocalConfig(_Strict):
     )
     ready_timeout_s: float = Field(default=60.0, gt=0, description="Longest wait for a replica to be ready.")
     stop_timeout_s: float = Field(default=5.0, gt=0, description="SIGTERM-to-SIGKILL delay when stopping.")
+    autoscaler: Literal["static", "kpa", "fleetgate"] | None = Field(
+        default=None,
+        description="Autoscale the local replicas with this policy (none: keep --replicas fixed).",
+    )
+    autoscaler_params: dict[str, Any] = Field(
+        default_factory=dict, description="Its parameters, e.g. {min_replicas: 1, max_replicas: 4}."
+    )
 
 
 class ImageTargetConfig(_Strict):
@@ -209,7 +227,7 @@ class ImageTargetConfig(_Strict):
     )
     jpeg_quality: int = Field(default=90, ge=1, le=100, description="JPEG/WebP quality of the re-encoding.")
     patch_size: int = Field(default=14, ge=1, description="Vision encoder patch size (px).")
-    merge_size: int = Field(default=1, ge=1, description="Patches merged per side into one token (Qwen2-VL 2).")
+    merge_size: int = Field(default=1, ge=1, description="Patches merged per side per token (Qwen2-VL: 2).")
     fixed_tokens: int | None = Field(
         default=None, ge=1, description="Tokens per image regardless of size (LLaVA-1.5: 576)."
     )
@@ -242,13 +260,25 @@ class MultimodalConfig(_Strict):
     worker_memory_mb: int | None = Field(
         default=2048, ge=64, description="Address-space cap of a worker (RLIMIT_AS); null: none."
     )
+    worker_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="CPU niceness of workers (and SCHED_BATCH when > 0): the event loop is scheduled first.",
+    )
+    backend: Literal["auto", "pillow", "vips"] = Field(
+        default="auto",
+        description="Decoder: auto = pyvips for JPEG when installed (`pip install fleetgate[images]`), "
+        "Pillow otherwise (the header checks always use Pillow).",
+    )
     prestart: bool = Field(default=False, description="Start the workers with the gateway, not lazily.")
     fetch_urls: bool = Field(default=True, description="Fetch http(s) image URLs (else only data: URLs).")
     fetch_timeout_s: float = Field(default=5.0, gt=0, description="Whole-download limit of one URL.")
     fetch_max_redirects: int = Field(default=3, ge=0, le=10, description="Redirects followed per URL.")
     url_allow: list[str] = Field(
         default_factory=list,
-        description="Hosts, IPs or CIDRs always allowed (even private ones), e.g. ['127.0.0.1'].",
+        description="When non-empty, the only hosts/IPs/CIDRs fetched (private ones included), e.g. "
+        "['127.0.0.1'] or ['.images.example.com'].",
     )
     url_deny: list[str] = Field(default_factory=list, description="Hosts, IPs or CIDRs always refused.")
     allow_private_networks: bool = Field(

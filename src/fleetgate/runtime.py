@@ -163,6 +163,39 @@ def attach_health(server: GatewayServer, remediators: Mapping[str, Any] | None =
     return monitors
 
 
+def attach_autoscaler(
+    server: GatewayServer, model: str, provider: Any, autoscaler: Any, *, interval_s: float = 1.0
+) -> Any:
+    """Autoscale ``model`` through ``provider`` (``fleetgate.autoscaler.AutoscalerLoop``): the proxy feeds
+    the loop's ``DemandMeter`` (MU started / settled); ``autoscaler`` comes from
+    ``core.autoscale.build_autoscaler(name, params)``. Returns the loop."""
+    from fleetgate.autoscaler import AutoscalerLoop, provider_counts
+    from fleetgate.core.autoscale import DemandMeter
+
+    deployment = server.fleet.get(model)
+    meter = DemandMeter()
+    server.proxy.demand[model] = meter
+
+    def routable(name: str) -> bool:
+        replica = deployment.replicas.get(name)
+        return replica is not None and replica.snapshot().routable
+
+    loop = AutoscalerLoop(
+        deployment=model,
+        autoscaler=autoscaler,
+        meter=meter,
+        counts=provider_counts(provider, routable),
+        target=provider,
+        capacity_mu_per_min=deployment.config.capacity_mu_per_min,
+        registry=server.proxy.metrics.registry,
+        interval_s=interval_s,
+        clock=server.proxy.clock,
+    )
+    server.add_service(f"autoscaler-{model}", loop.start, loop.stop)
+    server.extras.setdefault("autoscalers", {})[model] = loop
+    return loop
+
+
 async def drain_replica(deployment: Deployment, name: str, timeout_s: float) -> None:
     """Stop routing to ``name`` and wait (bounded) until its in-flight requests finished."""
     replica = deployment.replicas.get(name)
@@ -233,7 +266,8 @@ async def _wait_for_signal() -> int:
 async def serve(cfg: FleetgateConfig) -> None:
     """Run the gateway until SIGTERM/SIGINT, then drain and stop."""
     server = build_gateway(cfg)
-    attach_health(server)  # static replicas: detection and routing only, no restarts
+    if cfg.gateway.health_checks:
+        attach_health(server)  # static replicas: detection and routing only, no restarts
     url = await server.start()
     print(f"fleetgate ready on {url}", flush=True)
     sig = await _wait_for_signal()
@@ -289,7 +323,14 @@ async def up(cfg: FleetgateConfig, *, replicas: int, port: int, model: str) -> N
         full = _up_config(cfg, model, infos)
         server = build_gateway(full)
         holder.update(server=server, deployment=server.fleet.get(model), provider=provider)
-        attach_health(server, {model: provider})  # local replicas: hung or crashed ones are restarted
+        if full.gateway.health_checks is not False:
+            attach_health(server, {model: provider})  # local replicas: hung or crashed ones are restarted
+        if local.autoscaler is not None:
+            from fleetgate.core.autoscale import build_autoscaler
+
+            attach_autoscaler(
+                server, model, provider, build_autoscaler(local.autoscaler, local.autoscaler_params)
+            )
         url = await server.start(port)
         print(f"fleetgate ready on {url}", flush=True)
         print(

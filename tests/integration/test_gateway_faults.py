@@ -21,7 +21,7 @@ def client(url: str, timeout: float = 30.0) -> openai.OpenAI:
 
 def test_replica_crash_requests_still_succeed(start_engine: Any, start_gateway: Any, tools: Any) -> None:
     engines = [start_engine(MODEL), start_engine(MODEL)]
-    gateway = start_gateway({MODEL: engines}, policy="round_robin", connect_timeout_s=0.5)
+    gateway = start_gateway({MODEL: engines}, policy="round_robin", connect_timeout_s=0.5, health_checks=True)
     c = client(gateway.url)
     assert c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3).choices
     try:
@@ -74,7 +74,7 @@ def test_failures_before_first_byte_are_retried_elsewhere(start_engine: Any, sta
     hung = start_engine(MODEL, "--fault", "hang")
     failing = start_engine(MODEL, "--fault", "error_rate=1")
     good = start_engine(MODEL)
-    gateway = start_gateway({MODEL: [hung, failing, good]}, first_byte_timeout_s=0.5, max_attempts=3)
+    gateway = start_gateway({MODEL: [hung, failing, good]}, first_byte_timeout_s=1.0, max_attempts=3)
     c = client(gateway.url)
     for stream in (False, True, False, True):
         if stream:

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -25,6 +26,7 @@ from fleetgate.engines.llama import (
     EngineProcess,
     LlamaServerConfig,
     build_llama_command,
+    descendant_pids,
     free_port,
     llama_command_template,
     missing_llama_parts,
@@ -62,7 +64,7 @@ def _metrics(proc: EngineProcess) -> dict[str, float]:
     return {m.group(1): float(m.group(3)) for m in SAMPLE.finditer(text)}
 
 
-def _chat(proc: EngineProcess, content: str, max_tokens: int, **extra: object) -> dict:  # type: ignore[type-arg]
+def _chat(proc: EngineProcess, content: str, max_tokens: int, **extra: object) -> dict[str, Any]:
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": content}],
@@ -73,7 +75,7 @@ def _chat(proc: EngineProcess, content: str, max_tokens: int, **extra: object) -
     }
     resp = httpx.post(proc.url + "/v1/chat/completions", json=body, timeout=30)
     resp.raise_for_status()
-    return resp.json()  # type: ignore[no-any-return]
+    return resp.json()
 
 
 def test_command_line_has_metrics_slots_threads_and_local_host() -> None:
@@ -284,7 +286,7 @@ def test_gateway_in_front_of_two_llama_replicas(tmp_path: Path) -> None:
                 pass
             assert time.monotonic() < deadline, "gateway not ready: " + log.read_text()[-3000:]
             time.sleep(0.2)
-        engines = _llama_children(gw.pid)
+        engines = descendant_pids(gw.pid, comm="llama-server")
         assert len(engines) == 2, engines
 
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=30, max_retries=0)
@@ -317,26 +319,3 @@ def test_gateway_in_front_of_two_llama_replicas(tmp_path: Path) -> None:
     time.sleep(0.5)
     for pid in engines:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
-
-
-def _llama_children(root: int) -> list[int]:
-    """PIDs of llama-server processes below ``root``."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
-    found: list[int] = []
-    todo = [root]
-    while todo:
-        for kid in parents.get(todo.pop(), []):
-            todo.append(kid)
-            try:
-                if Path(f"/proc/{kid}/comm").read_text().strip() == "llama-server":
-                    found.append(kid)
-            except OSError:
-                pass
-    return found

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -59,7 +60,7 @@ def _metrics(proc: EngineProcess) -> dict[str, float]:
     return out
 
 
-def _chat(proc: EngineProcess, content: str, max_tokens: int, **extra: object) -> dict:  # type: ignore[type-arg]
+def _chat(proc: EngineProcess, content: str, max_tokens: int, **extra: object) -> dict[str, Any]:
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": content}],
@@ -70,7 +71,7 @@ def _chat(proc: EngineProcess, content: str, max_tokens: int, **extra: object) -
     }
     resp = httpx.post(proc.url + "/v1/chat/completions", json=body, timeout=60)
     assert resp.status_code == 200, resp.text
-    return resp.json()  # type: ignore[no-any-return]
+    return resp.json()
 
 
 def test_command_line_uses_module_entrypoint_kv_cache_and_priority() -> None:

@@ -12,7 +12,7 @@ from fleetgate.simengine.perfmodel import EngineRequest, StepResult
 
 
 class FixedLatencyEngine:
-    """Every request: first token after ``ttft`` s, done ``per_token`` s per output token later; no queueing."""
+    """Every request: first token after ``ttft`` s, then ``per_token`` s per output token; no queueing."""
 
     def __init__(self, ttft: float = 0.1, per_token: float = 0.01) -> None:
         self.ttft = ttft
@@ -31,7 +31,9 @@ class FixedLatencyEngine:
         self.submitted.append(request.request_id)
         first = self.now + self.ttft
         heapq.heappush(self._events, (first, 0, request.request_id))
-        heapq.heappush(self._events, (first + self.per_token * request.max_output_tokens, 1, request.request_id))
+        heapq.heappush(
+            self._events, (first + self.per_token * request.max_output_tokens, 1, request.request_id)
+        )
 
     def advance(self, until: float) -> StepResult:
         res = StepResult(start=self.now, end=until)

@@ -48,7 +48,9 @@ class RecordingPolicy:
 def test_every_request_is_picked_dispatched_and_completed_once() -> None:
     trace = _trace()
     pol = RecordingPolicy(build_policy("round_robin"))
-    res = Simulator(trace, pol, DEFAULT_PROFILE, lambda n: FixedLatencyEngine(0.2, 0.01), SimConfig(replicas=3)).run()
+    res = Simulator(
+        trace, pol, DEFAULT_PROFILE, lambda n: FixedLatencyEngine(0.2, 0.01), SimConfig(replicas=3)
+    ).run()
     s = res.summary
     assert s["requests"] == s["completed"] == 200 and s["rejected"] == 0
     picks = [c for c in pol.calls if c[0] == "pick"]
@@ -80,7 +82,13 @@ def test_snapshots_carry_gateway_inflight_counters() -> None:
             pass
 
     reqs = [TraceRequest(0.1 * i, 1000, 100) for i in range(5)]  # each lasts 0.1 + 1.0 s: all overlap
-    Simulator(Trace("t", reqs, "synthetic"), Spy(), DEFAULT_PROFILE, lambda n: FixedLatencyEngine(0.1, 0.01), SimConfig(replicas=2)).run()
+    Simulator(
+        Trace("t", reqs, "synthetic"),
+        Spy(),
+        DEFAULT_PROFILE,
+        lambda n: FixedLatencyEngine(0.1, 0.01),
+        SimConfig(replicas=2),
+    ).run()
     assert [n for n, _ in seen] == [0, 1, 2, 3, 4]
     assert seen[1][1] == pytest.approx(DEFAULT_PROFILE.estimate(1000, None))
 
@@ -121,20 +129,57 @@ def test_cli_writes_json_and_report(tmp_path: Path, mooncake_path: Path) -> None
     rep = tmp_path / "rep"
     r = CliRunner().invoke(
         app,
-        ["simulate", "--trace", str(mooncake_path), "--policy", "least_requests", "--replicas", "4",
-         "--max-requests", "300", "--json", str(out), "--report", str(rep), "--no-progress"],
+        [
+            "simulate",
+            "--trace",
+            str(mooncake_path),
+            "--policy",
+            "least_requests",
+            "--replicas",
+            "4",
+            "--max-requests",
+            "300",
+            "--json",
+            str(out),
+            "--report",
+            str(rep),
+            "--no-progress",
+        ],
     )
     assert r.exit_code == 0, r.output
     data = json.loads(out.read_text())
-    for key in ("requests", "completed", "rejected", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "e2e_p95_s",
-                "output_tokens_per_s", "cache_hit_rate", "replica_seconds", "max_over_mean_load", "wall_s"):
+    for key in (
+        "requests",
+        "completed",
+        "rejected",
+        "ttft_p50_s",
+        "ttft_p95_s",
+        "ttft_p99_s",
+        "e2e_p95_s",
+        "output_tokens_per_s",
+        "cache_hit_rate",
+        "replica_seconds",
+        "max_over_mean_load",
+        "wall_s",
+    ):
         assert key in data
     assert data["requests"] == 300 and data["completed"] == 300
     assert (rep / "report.md").is_file() and (rep / "ttft_cdf.png").is_file()
     r = CliRunner().invoke(
         app,
-        ["simulate", "compare", "--policies", "random,round_robin", "--trace", str(mooncake_path),
-         "--replicas", "4", "--max-requests", "200", "--no-progress"],
+        [
+            "simulate",
+            "compare",
+            "--policies",
+            "random,round_robin",
+            "--trace",
+            str(mooncake_path),
+            "--replicas",
+            "4",
+            "--max-requests",
+            "200",
+            "--no-progress",
+        ],
     )
     assert r.exit_code == 0, r.output
     assert "| random |" in r.output and "| round_robin |" in r.output
@@ -143,5 +188,7 @@ def test_cli_writes_json_and_report(tmp_path: Path, mooncake_path: Path) -> None
 def test_cli_bad_policy_and_missing_trace_are_clear_errors(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["simulate", "--trace", str(tmp_path / "nope.jsonl"), "--no-progress"])
     assert r.exit_code == 2 and "not found" in r.output
-    r = CliRunner().invoke(app, ["simulate", "--trace", "synthetic:n=10", "--policy", "bogus", "--no-progress"])
+    r = CliRunner().invoke(
+        app, ["simulate", "--trace", "synthetic:n=10", "--policy", "bogus", "--no-progress"]
+    )
     assert r.exit_code == 2 and "unknown routing policy" in r.output

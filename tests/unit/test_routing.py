@@ -14,7 +14,12 @@ from fleetgate.core.routing.filters import RandomSampleFilter, RoutableFilter
 from fleetgate.core.routing.outlier import OutlierDetector
 from fleetgate.core.routing.pickers import MaxScorePicker, RandomPicker, RoundRobinPicker
 from fleetgate.core.routing.pipeline import PickContext, PipelinePolicy
-from fleetgate.core.routing.scorers import InflightRequestsScorer, QueueLengthScorer, lower_is_better, queue_length
+from fleetgate.core.routing.scorers import (
+    InflightRequestsScorer,
+    QueueLengthScorer,
+    lower_is_better,
+    queue_length,
+)
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
 
 REQ = RequestInfo(request_id="q1", model="m", input_tokens=100, cost_mu=0.5)
@@ -136,7 +141,9 @@ def test_round_robin_cycles_and_skips_excluded() -> None:
 
 
 def test_random_is_uniform_and_seeded() -> None:
-    counts = Counter(build_policy("random").pick(REQ, fleet(4), 0.0, random.Random(i)).replica for i in range(4000))
+    counts = Counter(
+        build_policy("random").pick(REQ, fleet(4), 0.0, random.Random(i)).replica for i in range(4000)
+    )
     assert set(counts) == {"r0", "r1", "r2", "r3"}
     assert max(counts.values()) < 1.15 * min(counts.values())
     a = [build_policy("random").pick(REQ, fleet(8), 0.0, random.Random(42)).replica for _ in range(3)]
@@ -179,7 +186,9 @@ def test_queue_length_prefers_engine_but_never_below_inflight(snap: ReplicaSnaps
 
 
 def test_p2c_never_picks_the_longer_of_two() -> None:
-    replicas = [ReplicaSnapshot(f"r{i}", inflight_requests=i, engine_waiting=i, engine_running=0) for i in range(6)]
+    replicas = [
+        ReplicaSnapshot(f"r{i}", inflight_requests=i, engine_waiting=i, engine_running=0) for i in range(6)
+    ]
     policy = build_policy("p2c")
     counts = Counter(policy.pick(REQ, replicas, 0.0, random.Random(s)).replica for s in range(3000))
     assert "r5" not in counts  # the longest queue only wins if drawn twice, which p2c never does

@@ -110,7 +110,9 @@ def test_cache_aware_low_match_goes_to_smallest_tree() -> None:
         ({"a": 200, "b": 140}, False),  # 200 <= 1.5 * 140
     ],
 )
-def test_cache_aware_falls_back_to_least_loaded_when_imbalanced(loads: dict[str, int], imbalanced: bool) -> None:
+def test_cache_aware_falls_back_to_least_loaded_when_imbalanced(
+    loads: dict[str, int], imbalanced: bool
+) -> None:
     policy = build_policy("cache_aware")
     policy.on_dispatch(req(0, (1, 2, 3)), "a", 0.0)
     d = policy.pick(req(1, (1, 2, 3)), snaps(loads), 1.0, random.Random(0))

@@ -41,7 +41,9 @@ def test_success_resets_the_consecutive_count() -> None:
 
 
 def test_error_rate_over_window_ejects() -> None:
-    det = detector(consecutive_failures=100, error_rate_threshold=0.5, error_rate_min_requests=10, error_rate_window_s=10)
+    det = detector(
+        consecutive_failures=100, error_rate_threshold=0.5, error_rate_min_requests=10, error_rate_window_s=10
+    )
     for i in range(10):
         det.record("a", i % 3 == 2, 1.0 + i * 0.1)  # two in three fail, never three in a row
     assert det.state("a", 3.0) is BreakerState.OPEN
@@ -50,7 +52,7 @@ def test_error_rate_over_window_ejects() -> None:
 def test_error_rate_window_forgets_old_outcomes() -> None:
     det = detector(consecutive_failures=100, error_rate_min_requests=10, error_rate_window_s=10)
     for i in range(9):
-        det.record("a", False if i < 4 else True, float(i))
+        det.record("a", i >= 4, float(i))
     for i in range(10):
         det.record("a", True, 30.0 + i)  # the old failures left the window
     det.record("a", False, 41.0)
@@ -130,7 +132,8 @@ def test_policies_eject_from_on_complete_outcomes() -> None:
         assert picks and picks <= {"b", "c", "d"}, name
         # After the ejection time, one trial request reaches "a" again.
         assert any(
-            policy.pick(RequestInfo(request_id=f"z{i}", model="m"), replicas, 31.5, random.Random(i)).replica == "a"
+            policy.pick(RequestInfo(request_id=f"z{i}", model="m"), replicas, 31.5, random.Random(i)).replica
+            == "a"
             for i in range(60)
         ), name
 
@@ -140,5 +143,8 @@ def test_outlier_detection_can_be_switched_off() -> None:
     req = RequestInfo(request_id="x", model="m")
     for _ in range(10):
         policy.on_complete(req, "r0", 0.0, 0.0, False)
-    picks = {policy.pick(req, [ReplicaSnapshot("r0"), ReplicaSnapshot("r1")], 1.0, random.Random(0)).replica for _ in range(4)}
+    picks = {
+        policy.pick(req, [ReplicaSnapshot("r0"), ReplicaSnapshot("r1")], 1.0, random.Random(0)).replica
+        for _ in range(4)
+    }
     assert picks == {"r0", "r1"}

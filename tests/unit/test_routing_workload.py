@@ -140,7 +140,9 @@ def run_workload(
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, Result]:
-    return {name: run_workload(name) for name in ("round_robin", "least_requests", "cache_aware", "fleetgate")}
+    return {
+        name: run_workload(name) for name in ("round_robin", "least_requests", "cache_aware", "fleetgate")
+    }
 
 
 def test_fleetgate_keeps_load_within_band_on_skewed_keys(results: dict[str, Result]) -> None:

@@ -132,19 +132,23 @@ def main() -> int:
     ap.add_argument("--name", default="tiny-llama")
     args = ap.parse_args()
 
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
     params = {k: v for k, v in vars(args).items() if k not in ("out", "converter")}
     out: Path = args.out
     hf_dir = out / "hf"
     gguf_path = out / f"{args.name}-f32.gguf"
     stamp = out / "build.json"
-    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    here = Path(__file__).resolve().parent
+    # The key covers the parameters and this builder's code, so a changed recipe rebuilds the cache.
+    recipe = json.dumps(params, sort_keys=True).encode()
+    recipe += (here / "build.py").read_bytes() + (here / "convert_gguf.py").read_bytes()
+    key = hashlib.sha256(recipe).hexdigest()[:16]
     if stamp.exists() and gguf_path.exists() and json.loads(stamp.read_text()).get("key") == key:
         print(f"tiny model up to date: {gguf_path}")
         return 0
     hf_dir.mkdir(parents=True, exist_ok=True)
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     tok = train_tokenizer(args.seed, args.vocab, args.docs)
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
@@ -184,7 +188,8 @@ def main() -> int:
     print(f"saved {args.name}: {n_params / 1e6:.2f} M parameters, vocab {config.vocab_size} -> {hf_dir}")
 
     if args.converter is not None:
-        here = Path(__file__).resolve().parent
+        # Write aside and rename: a llama-server that has the old file mmapped keeps a valid mapping.
+        tmp_gguf = gguf_path.with_name(gguf_path.name + ".tmp")
         subprocess.run(
             [
                 sys.executable,
@@ -193,12 +198,13 @@ def main() -> int:
                 str(args.converter),
                 str(hf_dir),
                 "--outfile",
-                str(gguf_path),
+                str(tmp_gguf),
                 "--outtype",
                 "f32",
             ],
             check=True,
         )
+        tmp_gguf.replace(gguf_path)
         print(f"wrote {gguf_path}")
     stamp.write_text(
         json.dumps({"key": key, "params": params, "n_params": n_params, "special_token_ids": ids}, indent=2)

@@ -23,7 +23,7 @@ def main() -> None:
     sys.path.insert(0, str(conv_dir / "gguf-py"))
     sys.path.insert(0, str(conv_dir))
 
-    from conversion import base  # type: ignore[import-not-found]
+    from conversion import base
 
     def gpt2_pre(self: object, tokenizer: object) -> str:
         return "gpt-2"

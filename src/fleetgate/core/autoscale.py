@@ -61,6 +61,7 @@ class AutoscalePolicy:
     scale_down_interval_s: float = 30.0
     scale_down_max_step: int = 1
     forecast_horizon_s: float = 0.0
+    headroom_beta: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_utilisation <= 1.0:
@@ -91,6 +92,8 @@ class AutoscalePolicy:
                 raise ValueError(f"{name} must be >= 0")
         if self.idle_to_min_s < 0:
             raise ValueError("idle_to_min_s must be >= 0")
+        if self.headroom_beta < 0:
+            raise ValueError("headroom_beta must be >= 0")
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any] | None) -> AutoscalePolicy:
@@ -226,12 +229,18 @@ def window_slope(samples: Sequence[tuple[float, float]], now_s: float, window_s:
     return sum((t - mt) * (v - mv) for t, v in pts) / var
 
 
-def replicas_for(demand_mu_per_min: float, capacity_mu_per_min: float, target: float) -> int:
-    """Replicas needed to serve ``demand`` at ``target`` utilisation of each replica's capacity."""
-    per_replica = capacity_mu_per_min * target
-    if demand_mu_per_min <= 0 or per_replica <= 0:
+def replicas_for(
+    demand_mu_per_min: float, capacity_mu_per_min: float, target: float, beta: float = 0.0
+) -> int:
+    """Replicas needed to serve ``demand`` at ``target`` utilisation of each replica's capacity.
+
+    With ``beta`` > 0, square-root staffing adds ``beta * sqrt(R)`` replicas (``R`` = demand in replicas at
+    full load): bursts are relatively larger for small deployments, so they get relatively more headroom.
+    """
+    if demand_mu_per_min <= 0 or capacity_mu_per_min <= 0 or target <= 0:
         return 0
-    return max(0, math.ceil(demand_mu_per_min / per_replica - _EPS))
+    load = demand_mu_per_min / capacity_mu_per_min
+    return max(0, math.ceil(load / target + beta * math.sqrt(load) - _EPS))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -261,8 +270,8 @@ def decide(ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
             # The window mean lags the present by half a window; project it to now + horizon.
             stable = max(stable, stable + slope * (p.stable_window_s / 2 + p.forecast_horizon_s))
     short = window_mean(samples, now, p.panic_window_s)
-    want_stable = replicas_for(stable, cap, p.target_utilisation)
-    want_panic = replicas_for(short, cap, p.target_utilisation)
+    want_stable = replicas_for(stable, cap, p.target_utilisation, p.headroom_beta)
+    want_panic = replicas_for(short, cap, p.target_utilisation, p.headroom_beta)
 
     panic_signal = want_panic >= p.panic_threshold * max(pending_total, 1) and want_panic > pending_total
     panic_until = now + p.stable_window_s if panic_signal else prev.panic_until_s

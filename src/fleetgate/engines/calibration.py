@@ -162,7 +162,9 @@ class EngineProbe:
 
         Throughput is measured in steady state: the completions after the time of the ``n/4``-th and up to
         the time of the ``3n/4``-th, over that time span, which leaves out the ramp-up and the drain at the
-        end. Token means and ``usages`` cover the same completions.
+        end. Token means and ``usages`` cover every request of the run: in steady state each shape of a
+        mix completes as often as it is sent, whereas the completions inside a short window are biased
+        towards whichever shapes happen to finish there.
         """
         counter = itertools.count()
         results: list[tuple[int, int, float, float]] = []  # prompt, completion, latency, finished at
@@ -196,9 +198,9 @@ class EngineProbe:
             elapsed_s=elapsed,
             throughput_rps=k / span if span > 0 else math.inf,
             mean_latency_s=sum(r[2] for r in window) / k,
-            mean_prompt_tokens=sum(r[0] for r in window) / k,
-            mean_completion_tokens=sum(r[1] for r in window) / k,
-            usages=[(r[0], r[1]) for r in window],
+            mean_prompt_tokens=sum(r[0] for r in results) / n,
+            mean_completion_tokens=sum(r[1] for r in results) / n,
+            usages=[(r[0], r[1]) for r in results],
         )
 
     async def saturate(

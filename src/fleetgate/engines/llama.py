@@ -154,6 +154,34 @@ def _clean_env(extra: Mapping[str, str] | None) -> dict[str, str]:
     return env
 
 
+def descendant_pids(root: int, comm: str | None = None) -> list[int]:
+    """PIDs below ``root`` in the process tree (Linux /proc), optionally only those whose command name is
+    ``comm`` (e.g. ``"llama-server"``: how a hang drill finds the replicas ``fleetgate up`` started)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        for kid in parents.get(todo.pop(), []):
+            todo.append(kid)
+            if comm is None:
+                out.append(kid)
+                continue
+            try:
+                if (Path("/proc") / str(kid) / "comm").read_text().strip() == comm:
+                    out.append(kid)
+            except OSError:
+                pass
+    return out
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     """Ask Linux to SIGTERM the engine if its parent dies, so a killed test run leaves no orphan servers."""
     if sys.platform.startswith("linux"):
@@ -282,25 +310,7 @@ class EngineProcess:
 
     def descendant_pids(self) -> list[int]:
         """PIDs of the replica's child processes, recursively (Linux /proc), e.g. vLLM's engine core."""
-        if self._proc is None:
-            return []
-        parents: dict[int, list[int]] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            parents.setdefault(ppid, []).append(int(entry.name))
-        out: list[int] = []
-        todo = [self._proc.pid]
-        while todo:
-            kids = parents.get(todo.pop(), [])
-            out.extend(kids)
-            todo.extend(kids)
-        return out
+        return descendant_pids(self._proc.pid) if self._proc is not None else []
 
     def freeze_children(self) -> list[int]:
         """SIGSTOP only the child processes: the front process (e.g. vLLM's API server) keeps answering

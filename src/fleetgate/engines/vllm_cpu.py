@@ -92,6 +92,8 @@ def build_vllm_command(cfg: VllmCpuConfig) -> list[str]:
     if cfg.priority_scheduling:
         cmd += ["--scheduling-policy", "priority"]
     cmd.append("--enable-prefix-caching" if cfg.prefix_caching else "--no-enable-prefix-caching")
+    # usage.prompt_tokens_details.cached_tokens: lets the gateway settle the prefix-cache discount exactly.
+    cmd.append("--enable-prompt-tokens-details")
     cmd.extend(cfg.extra_args)
     return cmd
 

@@ -90,6 +90,9 @@ class Deployment:
         self.config = config
         self.model = config.model
         self.upstream_model = config.upstream_model or config.model
+        self.upstream_headers: dict[str, str] = {"Content-Type": "application/json"}
+        if config.upstream_api_key:
+            self.upstream_headers["Authorization"] = f"Bearer {config.upstream_api_key}"
         self.policy = policy
         self.profile = profile
         self.replicas: dict[str, ReplicaState] = {}

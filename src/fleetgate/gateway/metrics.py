@@ -135,6 +135,11 @@ class _FleetCollector(Collector):
         kv = GaugeMetricFamily(
             "fleetgate_engine_kv_usage", "Engine-reported KV-cache usage (0..1).", labels=labels
         )
+        hits = GaugeMetricFamily(
+            "fleetgate_engine_prefix_cache_hit_rate",
+            "Engine prefix-cache token hit rate between the last two scrapes (0..1).",
+            labels=labels,
+        )
         for deployment, replica in self._fleet.replicas():
             key = [deployment.model, replica.name]
             inflight.add_metric(key, replica.inflight_requests)
@@ -148,4 +153,6 @@ class _FleetCollector(Collector):
                     running.add_metric(key, engine.running)
                 if engine.kv_usage is not None:
                     kv.add_metric(key, engine.kv_usage)
-        yield from (inflight, inflight_mu, healthy, waiting, running, kv)
+            if replica.engine_prefix_hit_rate is not None:
+                hits.add_metric(key, replica.engine_prefix_hit_rate)
+        yield from (inflight, inflight_mu, healthy, waiting, running, kv, hits)

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 import orjson
@@ -72,6 +72,14 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
 ResultListener = Callable[[str, str, bool, float], None]
 
 
+class DemandSink(Protocol):
+    """Per-deployment MU demand (``core.autoscale.DemandMeter`` fits): the autoscaler's input."""
+
+    def start(self, estimate_mu: float) -> None: ...
+
+    def finish(self, estimate_mu: float, actual_mu: float, now_s: float) -> None: ...
+
+
 @dataclass(slots=True)
 class _Call:
     """What one client request did, for metrics and settlement."""
@@ -115,6 +123,8 @@ class Proxy:
         self.rng = rng
         self.clock = clock
         self.listeners: list[ResultListener] = []
+        #: model -> demand meter, told when an admitted request starts and when it is settled/released
+        self.demand: dict[str, DemandSink] = {}
         self.shutting_down = False
         self.active = 0
         self._idle = asyncio.Event()
@@ -156,8 +166,11 @@ class Proxy:
                 parsed = dataclasses.replace(parsed, body=new_body)
             info = self._request_info(parsed, deployment, tenant, request, request_id, start, image_tokens)
             ticket = await self.admission.admit(tenant, info, self.admission_clock())
-            call.headers = ticket_headers(ticket)
-            try:
+            meter = self.demand.get(deployment.model)
+            if meter is not None:
+                meter.start(info.cost_mu)
+            try:  # from here on the ticket is always settled or released
+                call.headers = ticket_headers(ticket)
                 response = await self._dispatch(request, deployment, parsed, info, call)
             finally:
                 await self._finish_admission(ticket, tenant, deployment, info, call)
@@ -301,7 +314,7 @@ class Proxy:
     ) -> web.StreamResponse:
         request_id: str = request["request_id"]
         url = replica.url + PATHS[parsed.endpoint]
-        headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id}
+        headers = {**deployment.upstream_headers, REQUEST_ID_HEADER: request_id}
         timeout_s = self.config.first_byte_timeout_s
         tracker = StreamTracker(strip_usage=strip)
         first = b""
@@ -319,7 +332,8 @@ class Proxy:
                             f"replica {replica.name} answered HTTP {upstream.status}",
                             upstream_status=upstream.status,
                         )
-                    if not parsed.stream:
+                    if not parsed.stream or not upstream.content_type.startswith("text/event-stream"):
+                        # (an engine that answers a stream request with one JSON body is relayed as is)
                         raw = await upstream.read()
                         call.ok = call.ran = True
                         call.usage = usage_from_body(raw)
@@ -381,6 +395,8 @@ class Proxy:
                 )
             if error is None and tracker.truncated:
                 error = UpstreamError(f"replica {replica.name} ended the stream early", retryable=False)
+            if error is None and tracker.error is not None:  # the engine's own in-band error, relayed as is
+                call.error_kind = "engine_stream_error"
             if error is not None:
                 call.error_kind = _error_kind(error)
                 log.warning("request %s: %s", request["request_id"], error.message)
@@ -437,8 +453,11 @@ class Proxy:
         self, ticket: Any, tenant: Any, deployment: Deployment, info: RequestInfo, call: _Call
     ) -> None:
         """Settle what ran (real cost from usage, else an estimate from what streamed) or release."""
+        meter = self.demand.get(deployment.model)
         if not call.ran:
             self.admission.release(ticket)
+            if meter is not None:
+                meter.finish(info.cost_mu, 0.0, self.clock())
             return
         usage = call.usage
         if usage is None:
@@ -448,6 +467,8 @@ class Proxy:
                 image_tokens=info.image_tokens,
             )
         actual = deployment.profile.settle(usage)
+        if meter is not None:
+            meter.finish(info.cost_mu, actual, self.clock())
         if call.usage is not None:
             self.fleet.observe_output(info.tenant, usage.completion_tokens)
         settle = self.admission.settle(ticket, actual, self.admission_clock(), usage=call.usage)

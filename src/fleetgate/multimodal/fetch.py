@@ -57,10 +57,6 @@ class AddressPolicy:
     def allow_list_active(self) -> bool:
         return bool(self.allow_hosts or self.allow_nets)
 
-    def host_allowed(self, host: str) -> bool:
-        """Host-name level: explicitly allowed (True) or not denied (True unless an allow list exists)."""
-        return _host_in(host, self.allow_hosts) or (not self.allow_list_active and not self.is_metadata_host(host))
-
     def check_host(self, host: str) -> None:
         """Raise ``ImageError`` when the host name itself is refused."""
         host = host.lower().rstrip(".")
@@ -84,7 +80,9 @@ class AddressPolicy:
         explicitly = any(ip in net for net in self.allow_nets) or (
             host is not None and _host_in(name, self.allow_hosts)
         )
-        if ip in METADATA_ADDRESSES and not any(ip in net and net.num_addresses == 1 for net in self.allow_nets):
+        if ip in METADATA_ADDRESSES and not any(
+            ip in net and net.num_addresses == 1 for net in self.allow_nets
+        ):
             raise ImageError(f"image URL address {ip} is a cloud metadata endpoint")
         if self.allow_list_active and not explicitly:
             raise ImageError(f"image URL host {name!r} ({ip}) is not on the allow list")
@@ -117,10 +115,7 @@ def _host_in(host: str, names: frozenset[str]) -> bool:
     host = host.lower().rstrip(".")
     if host in names:
         return True
-    for name in names:
-        if name.startswith(".") and (host.endswith(name) or host == name[1:]):
-            return True
-    return False
+    return any(n.startswith(".") and (host.endswith(n) or host == n[1:]) for n in names)
 
 
 class _CheckedResolver(AbstractResolver):
@@ -130,7 +125,9 @@ class _CheckedResolver(AbstractResolver):
         self.policy = policy
         self._inner = DefaultResolver()
 
-    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
         try:
             results = await self._inner.resolve(host, port, family)
         except OSError as exc:
@@ -172,7 +169,9 @@ class UrlFetcher:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(resolver=_CheckedResolver(self.policy), limit=64, ttl_dns_cache=None)
+            connector = aiohttp.TCPConnector(
+                resolver=_CheckedResolver(self.policy), limit=64, ttl_dns_cache=None
+            )
             self._session = aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=True)
         return self._session
 
@@ -224,7 +223,9 @@ class UrlFetcher:
                     raise ImageError(f"image URL answered HTTP {response.status}")
                 length = response.content_length
                 if length is not None and length > self.max_bytes:
-                    raise ImageError(f"image at URL is {length} bytes, more than the limit of {self.max_bytes}")
+                    raise ImageError(
+                        f"image at URL is {length} bytes, more than the limit of {self.max_bytes}"
+                    )
                 return await _read_capped(response, self.max_bytes)
         raise ImageError(f"image URL redirected more than {self.max_redirects} times")
 

@@ -59,7 +59,9 @@ def _part_url(part: Mapping[str, Any], param: str) -> str:
     else:
         param = f"{param}.image_url"
     if not isinstance(value, str) or not value:
-        raise InvalidRequestError(f"'{param}' must be a non-empty string (a data: or http(s) URL)", param=param)
+        raise InvalidRequestError(
+            f"'{param}' must be a non-empty string (a data: or http(s) URL)", param=param
+        )
     return value
 
 
@@ -98,6 +100,7 @@ class ImagePipeline:
                 threads_per_worker=self.sizing.threads_per_worker,
                 task_timeout_s=config.task_timeout_s,
                 memory_mb=config.worker_memory_mb,
+                nice=config.worker_nice,
             )
         self.fetcher = fetcher
         if self.fetcher is None and config.fetch_urls:
@@ -147,6 +150,7 @@ class ImagePipeline:
                 max_pixels=self.config.max_pixels,
                 max_bytes=self.config.max_image_bytes,
                 allowed_formats=tuple(f.upper() for f in self.config.allowed_formats),
+                backend=self.config.backend,
             )
             self._specs[key] = spec
         return spec

@@ -35,6 +35,10 @@ from fleetgate.multimodal.image import ImageError, ImageResult, ImageSpec
 log = logging.getLogger("fleetgate.multimodal")
 
 
+#: Longest a fresh worker may take to import its libraries and report ready.
+STARTUP_TIMEOUT_S = 60.0
+
+
 class WorkerCrashedError(Exception):
     """The worker serving a task died or overran its time limit (it has been replaced)."""
 
@@ -50,14 +54,25 @@ class PoolStats:
     restarts: int = 0
 
 
-def _worker_entry(fd: int, threads: int, memory_mb: int | None) -> None:
+def _worker_entry(fd: int, threads: int, memory_mb: int | None, nice: int = 0) -> None:
     """``python -c`` entry point of a worker: wrap the inherited pipe end and serve."""
-    _worker_main(multiprocessing.connection.Connection(fd), threads, memory_mb)
+    _worker_main(multiprocessing.connection.Connection(fd), threads, memory_mb, nice)
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, threads: int, memory_mb: int | None) -> None:
-    """Worker loop: receive ``(kind, payload, spec)``, answer ``("ok", result)`` or ``("error", message)``."""
+def _worker_main(
+    conn: multiprocessing.connection.Connection, threads: int, memory_mb: int | None, nice: int = 0
+) -> None:
+    """Worker loop: receive ``(kind, payload, spec)``, answer ``("ok", result)`` or ``("error", message)``.
+
+    ``nice`` lowers the worker's CPU priority so that, on a saturated CPU budget, the gateway's event loop
+    (health probes, text requests, streaming) is scheduled first and image work takes what is left.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if nice:
+        with contextlib.suppress(OSError):
+            os.nice(nice)
+        with contextlib.suppress(OSError, AttributeError):  # CPU-bound batch work: no wake-up preemption
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     apply_thread_limits(threads)  # before any native library is imported
     if memory_mb is not None:
         try:
@@ -70,6 +85,10 @@ def _worker_main(conn: multiprocessing.connection.Connection, threads: int, memo
     from fleetgate.multimodal import image as image_mod
 
     apply_thread_limits(threads)
+    try:
+        conn.send(("ready", os.getpid()))  # the parent times tasks only from here on
+    except (EOFError, OSError):
+        return
     handlers: dict[str, Callable[[bytes | str, ImageSpec], ImageResult]] = {
         "image": image_mod.process_image,
         "naive": image_mod.process_naive,
@@ -109,12 +128,12 @@ class _Worker:
 
     __slots__ = ("conn", "index", "proc")
 
-    def __init__(self, index: int, threads: int, memory_mb: int | None) -> None:
+    def __init__(self, index: int, threads: int, memory_mb: int | None, nice: int = 0) -> None:
         parent, child = multiprocessing.Pipe(duplex=True)
         fd = child.fileno()
         code = (
             "from fleetgate.multimodal.pool import _worker_entry; "
-            f"_worker_entry({fd}, {int(threads)}, {memory_mb!r})"
+            f"_worker_entry({fd}, {int(threads)}, {memory_mb!r}, {int(nice)})"
         )
         env = {**os.environ, **worker_env(threads)}
         try:
@@ -129,6 +148,18 @@ class _Worker:
             child.close()
         self.index = index
         self.conn: multiprocessing.connection.Connection = parent
+
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        """Block until the worker imported its libraries (so task time limits exclude start-up)."""
+        try:
+            if self.conn.poll(timeout_s):
+                status, _ = self.conn.recv()
+                if status == "ready":
+                    return
+        except (EOFError, OSError):
+            pass
+        self.kill()
+        raise RuntimeError(f"image worker {self.index} did not start (exit code {self.exitcode})")
 
     @property
     def pid(self) -> int:
@@ -164,6 +195,7 @@ class WorkerPool:
         threads_per_worker: int = 1,
         task_timeout_s: float = 10.0,
         memory_mb: int | None = None,
+        nice: int = 0,
     ) -> None:
         if workers < 1:
             raise ValueError("a pool needs at least one worker")
@@ -171,6 +203,7 @@ class WorkerPool:
         self.threads_per_worker = threads_per_worker
         self.task_timeout_s = task_timeout_s
         self.memory_mb = memory_mb
+        self.nice = nice
         self.stats = PoolStats()
         self._threads = ThreadPoolExecutor(max_workers=workers + 1, thread_name_prefix="image-pipe")
         self._workers: list[_Worker] = []
@@ -213,7 +246,14 @@ class WorkerPool:
             await asyncio.shield(self._starting)
 
     def _spawn_all(self) -> list[_Worker]:
-        workers = [_Worker(i, self.threads_per_worker, self.memory_mb) for i in range(self.size)]
+        workers = [_Worker(i, self.threads_per_worker, self.memory_mb, self.nice) for i in range(self.size)]
+        try:
+            for worker in workers:
+                worker.wait_ready()
+        except RuntimeError:
+            for worker in workers:
+                worker.kill()
+            raise
         with self._lock:
             self._workers = list(workers)
         return workers
@@ -263,6 +303,11 @@ class WorkerPool:
 
     def _roundtrip(self, worker: _Worker, task: tuple[str, Any, Any]) -> tuple[str, Any, _Worker]:
         """In a pool thread: send, wait (bounded), receive. A dead or stuck worker is replaced here."""
+        if worker.exitcode is not None:  # died while idle: replace it before it costs a request
+            log.warning("image worker %s (pid %s) died while idle (exit %s)", worker.index, worker.pid,
+                        worker.exitcode)  # fmt: skip
+            self.stats.crashes += 1
+            worker = self._replace(worker)
         try:
             worker.conn.send(task)
             if worker.conn.poll(self.task_timeout_s):
@@ -285,7 +330,11 @@ class WorkerPool:
 
     def _replace(self, dead: _Worker) -> _Worker:
         dead.kill()
-        fresh = _Worker(dead.index, self.threads_per_worker, self.memory_mb)
+        fresh = _Worker(dead.index, self.threads_per_worker, self.memory_mb, self.nice)
+        try:
+            fresh.wait_ready()
+        except RuntimeError:  # keep the slot: the next task on it fails fast and retries the start
+            log.exception("image worker %s failed to restart", dead.index)
         self.stats.restarts += 1
         with self._lock:
             self._workers = [fresh if w is dead else w for w in self._workers]

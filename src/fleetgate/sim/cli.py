@@ -1,4 +1,4 @@
-"""``fleetgate simulate``: run the fleet simulator on a trace; ``fleetgate simulate compare`` for several policies.
+"""``fleetgate simulate``: the fleet simulator on a trace; ``fleetgate simulate compare``: several policies.
 
 Heavy imports happen inside the commands so ``fleetgate --help`` stays fast.
 """
@@ -19,7 +19,7 @@ TraceOpt = Annotated[
     str | None,
     typer.Option(
         "--trace",
-        help="Trace file (Azure CSV, Mooncake JSONL, ServeGen rate table) or synthetic:n=..,rate=..,cv=..,groups=..",
+        help="Trace (Azure CSV, Mooncake JSONL, ServeGen rates) or synthetic:n=..,rate=..,groups=..",
     ),
 ]
 FormatOpt = Annotated[str, typer.Option("--format", help="auto, azure, mooncake, servegen or synthetic.")]
@@ -32,7 +32,8 @@ RateOpt = Annotated[float, typer.Option("--rate-scale", help="Replay at X times 
 TimeOpt = Annotated[float, typer.Option("--time-scale", help="Multiply every timestamp by X.")]
 TenantOpt = Annotated[str | None, typer.Option("--tenant", help="Replay one tenant's column (ServeGen).")]
 LengthsOpt = Annotated[
-    str | None, typer.Option("--lengths", help="Length source for rate tables: servegen, azure, mooncake, or a path.")
+    str | None,
+    typer.Option("--lengths", help="Length source for rate tables: servegen, azure, mooncake, or a path."),
 ]
 StartOpt = Annotated[float, typer.Option("--start-s", help="Skip the first seconds of the trace.")]
 DurationOpt = Annotated[float | None, typer.Option("--duration-s", help="Simulate only this many seconds.")]
@@ -48,14 +49,17 @@ PolicyParamOpt = Annotated[
     list[str] | None, typer.Option("--policy-param", help="Routing policy parameter key=value (repeatable).")
 ]
 EngineParamOpt = Annotated[
-    list[str] | None, typer.Option("--engine-param", help="Engine PerfParams override key=value (repeatable).")
+    list[str] | None,
+    typer.Option("--engine-param", help="Engine PerfParams override key=value (repeatable)."),
 ]
 ColdOpt = Annotated[float, typer.Option("--cold-start-s", help="Seconds before a new replica serves.")]
 SloOpt = Annotated[float | None, typer.Option("--slo-ttft-p95", help="TTFT p95 SLO (s) for slo_attainment.")]
 MinOpt = Annotated[int, typer.Option("--min-replicas", help="Lower bound applied to autoscaling.")]
 MaxOpt = Annotated[int, typer.Option("--max-replicas", help="Upper bound applied to autoscaling.")]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the JSON summary here.")]
-ReportOpt = Annotated[Path | None, typer.Option("--report", help="Write Markdown + PNG plots into this folder.")]
+ReportOpt = Annotated[
+    Path | None, typer.Option("--report", help="Write Markdown + PNG plots into this folder.")
+]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
 
 
@@ -117,7 +121,10 @@ def _run_one(opts: Any, progress: bool) -> tuple[dict[str, Any], Any]:
     from fleetgate.sim.traces import TraceFormatError
 
     try:
-        return _with_progress(progress, f"{opts.policy}", lambda cb: run(opts, progress=cb))  # type: ignore[no-any-return]
+        result: tuple[dict[str, Any], Any] = _with_progress(
+            progress, f"{opts.policy}", lambda cb: run(opts, progress=cb)
+        )
+        return result
     except (FileNotFoundError, TraceFormatError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -160,7 +167,9 @@ def simulate(
         raise typer.Exit(2)
     from fleetgate.sim.runner import json_dumps
 
-    opts = _options(**{k: v for k, v in locals().items() if k not in ("ctx", "json_out", "report", "progress")})
+    opts = _options(
+        **{k: v for k, v in locals().items() if k not in ("ctx", "json_out", "report", "progress")}
+    )
     summary, result = _run_one(opts, progress)
     data = json_dumps(summary)
     if json_out is not None:
@@ -218,7 +227,11 @@ def compare(
     results: dict[str, Any] = {}
     base = {k: v for k, v in locals().items() if k not in ("policies", "json_out", "report", "progress")}
     for name in names:
-        kw = {k: base[k] for k in base if k not in ("names", "summaries", "results", "orjson", "markdown_table", "write_report")}
+        kw = {
+            k: base[k]
+            for k in base
+            if k not in ("names", "summaries", "results", "orjson", "markdown_table", "write_report")
+        }
         opts = _options(policy=name, policy_param=None, **kw)
         summaries[name], results[name] = _run_one(opts, progress)
     table = markdown_table(list(summaries.values()))

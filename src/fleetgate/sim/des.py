@@ -1,4 +1,4 @@
-"""Discrete-event fleet simulator: the live gateway's routing, cost and autoscaling objects on a simulated clock.
+"""Discrete-event fleet simulator: the live gateway's routing, cost and autoscaling objects, simulated clock.
 
 Vidur's vocabulary: *entities* (``SimRequest``, ``SimReplica``; ``sim.entities``), *events* on one heap
 ordered by ``(time, sequence number)`` (the number is per run, so ties resolve in insertion order and runs are
@@ -21,7 +21,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,8 +34,8 @@ from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage
 from fleetgate.core.units import CostProfile, OutputHistory
 from fleetgate.sim import metrics as M
 from fleetgate.sim.entities import EngineModel, EventKind, ReplicaState, SimReplica, SimRequest
-from fleetgate.simengine.perfmodel import EngineRequest, StepResult
 from fleetgate.sim.traces import Trace
+from fleetgate.simengine.perfmodel import EngineRequest, StepResult
 
 ARRIVAL = int(EventKind.ARRIVAL)
 ENGINE_STEP = int(EventKind.ENGINE_STEP)
@@ -136,6 +136,9 @@ class Simulator:
         self._dispatch = np.full(n, np.nan)
         self._rejected = 0
         self._replica_series: list[tuple[float, int, int]] = []
+        self._name_index: dict[str, SimReplica] = {}
+        self._visible: list[SimReplica] = []
+        self._dirty: list[SimReplica] = []
 
     # ----------------------------------------------------------------------------------------- heap
 
@@ -182,7 +185,7 @@ class Simulator:
             )[: len(live) - desired]
             for rep in victims:
                 rep.state = ReplicaState.DRAINING
-                rep.dirty = True
+                rep.mark_dirty()
                 self._maybe_stop(rep, now)
             self._snap_stale = True
         self._record_replicas(now)
@@ -197,15 +200,22 @@ class Simulator:
 
     def snapshots(self) -> list[ReplicaSnapshot]:
         """Snapshots of every non-stopped replica, rebuilding only the ones whose counters changed."""
+        dirty = self._dirty
         if self._snap_stale:
             self._visible = [r for r in self.replicas if r.state != ReplicaState.STOPPED]
+            for i, r in enumerate(self._visible):
+                r.pos = i
+                r.sink = dirty
             self._snap_stale = False
             self._snapshots = [r.make_snapshot() for r in self._visible]
+            dirty.clear()
             return self._snapshots
         snaps = self._snapshots
-        for i, r in enumerate(self._visible):
-            if r.dirty:
-                snaps[i] = r.make_snapshot()
+        if dirty:
+            for r in dirty:
+                if r.dirty and r.state != ReplicaState.STOPPED:
+                    snaps[r.pos] = r.make_snapshot()
+            dirty.clear()
         return snaps
 
     def _request_info(self, idx: int) -> RequestInfo:
@@ -248,7 +258,7 @@ class Simulator:
         self.policy.on_dispatch(info, rep.name, now)
         rep.inflight_requests += 1
         rep.inflight_mu += info.cost_mu
-        rep.dirty = True
+        rep.mark_dirty()
         self._inflight_total_mu += info.cost_mu
         self._inflight_total_req += 1
         self._dispatch[idx] = now
@@ -261,11 +271,11 @@ class Simulator:
         self._reschedule(rep)
 
     def _by_name(self, name: str) -> SimReplica:
-        try:
-            return self._name_index[name]
-        except (AttributeError, KeyError):
+        rep = self._name_index.get(name)
+        if rep is None:
             self._name_index = {r.name: r for r in self.replicas}
-            return self._name_index[name]
+            rep = self._name_index[name]
+        return rep
 
     # ----------------------------------------------------------------------------------------- engines
 
@@ -300,14 +310,18 @@ class Simulator:
             self._first[i] = t
         self._done[i] = t
         cost = self.profile.settle(
-            Usage(prompt_tokens=tr.input_tokens, completion_tokens=tr.output_tokens, cached_tokens=int(self._cached[i]))
+            Usage(
+                prompt_tokens=tr.input_tokens,
+                completion_tokens=tr.output_tokens,
+                cached_tokens=int(self._cached[i]),
+            )
         )
         self._cost[i] = cost
         rep.inflight_requests -= 1
         rep.inflight_mu -= req.est_mu
         if rep.inflight_requests == 0:
             rep.inflight_mu = 0.0  # no float drift
-        rep.dirty = True
+        rep.mark_dirty()
         self._inflight_total_mu -= req.est_mu
         self._inflight_total_req -= 1
         self._settled.append((t, cost))
@@ -398,7 +412,7 @@ class Simulator:
                 if rep.state == ReplicaState.STARTING:
                     rep.state = ReplicaState.READY
                     rep.ready_s = t
-                    rep.dirty = True
+                    rep.mark_dirty()
                     self._record_replicas(t)
             elif kind == AUTOSCALE_TICK:
                 self._autoscale(t)
@@ -477,7 +491,7 @@ class Simulator:
 
     def _window_load(self, end: float) -> np.ndarray:
         """MU dispatched to each replica per minute (``nan`` where the replica was not ready all minute)."""
-        n_win = max(1, int(math.ceil(end / 60.0)))
+        n_win = max(1, math.ceil(end / 60.0))
         load = np.zeros((n_win, len(self.replicas)))
         mask = self._replica_of >= 0
         if mask.any():

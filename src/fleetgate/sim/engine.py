@@ -6,11 +6,12 @@ step-time coefficients; they map onto ``PerfParams`` as follows:
 - ``decode_step_base_s``            -> ``step_overhead_s`` (fixed cost of one iteration)
 - ``decode_step_per_seq_s``         -> ``decode_s_per_seq``
 - ``decode_step_per_kilotoken_s``   -> ``decode_s_per_kv_token`` (/ 1000)
-- ``prefill_s_per_token`` (+ ``prefill_s_per_token2``) -> ``prefill_s_per_token`` (+ ``prefill_s_per_token_sq``)
+- ``prefill_s_per_token`` (+ ``prefill_s_per_token2``) -> ``prefill_s_per_token`` (+ ``_sq``)
 - ``max_batch``                     -> ``max_num_seqs``
 
 KV capacity is not in the Splitwise data; it defaults to ``kv_tokens_per_gpu`` (100,000 tokens, roughly
-what a 70B model with GQA leaves per 80 GB GPU after weights at tensor parallel 4) times the profile's ``gpus``
+what a 70B model with GQA leaves per 80 GB GPU after weights at tensor parallel 4) times the profile's
+``gpus``
 unless the profile's perf block or ``overrides`` set ``kv_capacity_tokens``. The prefix cache holds as many
 trace blocks as the KV cache holds tokens.
 """

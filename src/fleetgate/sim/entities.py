@@ -6,7 +6,6 @@ simulator's id factory, never drawn from globals.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol
@@ -36,7 +35,7 @@ class EngineModel(Protocol):
     """One replica's engine performance model as the simulator drives it: ``simengine.perfmodel.EngineModel``.
 
     ``advance(t)`` applies every iteration ending by ``t`` and returns a ``StepResult`` (first tokens,
-    finishes, cached tokens); ``next_event_time()`` is the end of the segment in flight (the next batch change,
+    finishes, cached tokens); ``next_event_time()`` is the end of the segment in flight (next batch change,
     ``None`` when idle); ``submit(request, now)`` enqueues a request at ``now``.
     """
 
@@ -95,12 +94,21 @@ class SimReplica:
     scraped_hit_rate: float | None = None
     snapshot: ReplicaSnapshot | None = None
     dirty: bool = True
+    pos: int = -1  # index in the simulator's snapshot list
+    sink: list[SimReplica] | None = None  # where to report "my snapshot changed"
     inflight_ids: set[int] = field(default_factory=set)
 
     def health(self) -> HealthState:
         if self.state == ReplicaState.STARTING:
             return HealthState.STARTING
         return HealthState.HEALTHY
+
+    def mark_dirty(self) -> None:
+        """A counter the router sees changed: rebuild the snapshot before the next pick."""
+        if not self.dirty:
+            self.dirty = True
+            if self.sink is not None:
+                self.sink.append(self)
 
     def make_snapshot(self) -> ReplicaSnapshot:
         """The snapshot the gateway would hand the router now (cached until a counter changes)."""
@@ -126,6 +134,11 @@ class SimReplica:
         q = eng.prefix_cache_queries
         hr = eng.prefix_cache_hits / q if q else None
         w, r, kv = eng.num_waiting, eng.num_running, eng.kv_usage
-        if (w, r, kv, hr) != (self.scraped_waiting, self.scraped_running, self.scraped_kv, self.scraped_hit_rate):
+        if (w, r, kv, hr) != (
+            self.scraped_waiting,
+            self.scraped_running,
+            self.scraped_kv,
+            self.scraped_hit_rate,
+        ):
             self.scraped_waiting, self.scraped_running, self.scraped_kv, self.scraped_hit_rate = w, r, kv, hr
-            self.dirty = True
+            self.mark_dirty()

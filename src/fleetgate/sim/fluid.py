@@ -10,8 +10,10 @@ advances the fleet in steps of ``step_s`` (1 s) and keeps, per replica, aggregat
   per-step counts, MU and prefill seconds are binned from the requests.
 * **Routing** is assumed balanced: arrivals split evenly over ready replicas (the MU least-load policies get
   close to this; random routing does not, see docs/simulator.md).
-* **Service**: each ready replica serves ``capacity_mu_per_min / 60`` MU per second; what it cannot serve stays
-  in a backlog (in MU) that delays every later request by ``backlog / fleet service rate``.
+* **Service** follows the engine model's physics (``PerfParams`` from the profile), not the nominal MU
+  capacity: one replica saturates at ``1 / (prefill + decode + overhead / batch)`` seconds per request with
+  the batch at ``max_num_seqs`` (or what the KV cache holds), evaluated on the recent arrival mix. Work it
+  cannot serve stays in a backlog (MU) that delays every later request by ``backlog / fleet service rate``.
 * **TTFT** of a request arriving in a step = backlog wait + prefill queueing (Pollaczek-Khinchine mean wait of
   the prefill work at the current utilisation) + its own prefill time (input tokens x ``prefill_s_per_token``
   plus one iteration per chunk). Percentiles are exact over a fixed set of prefill-time quantiles per step.
@@ -85,16 +87,18 @@ def _prefill_time(inp: np.ndarray, perf: PerfParams) -> np.ndarray:
 def _costs(profile: CostProfile, inp: np.ndarray, out: np.ndarray) -> np.ndarray:
     """MU of each (input, output) pair through the profile's own formula (never re-derived here)."""
     cost = profile.cost
-    return np.fromiter((cost(int(i), o) for i, o in zip(inp.tolist(), out.tolist(), strict=True)), float, len(inp))
+    return np.fromiter(
+        (cost(int(i), o) for i, o in zip(inp.tolist(), out.tolist(), strict=True)), float, len(inp)
+    )
 
 
 def workload_from_trace(trace: Trace, profile: CostProfile, perf: PerfParams, step_s: float) -> Workload:
-    """Bin a recorded trace into steps (exact sums; the cache is credited with the trace's in-step reuse=0)."""
+    """Bin a recorded trace into steps (exact per-step sums; no prefix-cache credit)."""
     reqs = trace.requests
     t = np.array([r.arrival_s for r in reqs])
     inp = np.array([r.input_tokens for r in reqs], dtype=np.float64)
     out = np.array([r.output_tokens for r in reqs], dtype=np.float64)
-    n_steps = int(math.floor(t[-1] / step_s)) + 1 if t.size else 1
+    n_steps = math.floor(t[-1] / step_s) + 1 if t.size else 1
     idx = (t // step_s).astype(np.int64)
     mu = _costs(profile, inp, out)
     pf = _prefill_time(inp, perf)
@@ -132,7 +136,7 @@ def workload_from_rates(
     cv2 = np.array([tenant_cv(k, median_cv, seed=seed) ** 2 for k in names])[:, None]
     mean_w = rates.sum(axis=0)
     var_w = (rates * cv2).sum(axis=0)
-    per_win = max(1, int(round(table.window_s / step_s)))
+    per_win = max(1, round(table.window_s / step_s))
     n_steps = per_win * len(mean_w)
     mean = np.repeat(mean_w * step_s, per_win)
     disp = np.repeat(np.where(mean_w > 0, var_w / np.maximum(mean_w, 1e-12), 1.0), per_win)
@@ -205,7 +209,12 @@ class FluidSimulator:
         dt = w.step_s
         n_steps = len(w.counts)
         cap_rate = self.profile.capacity_mu_per_min / 60.0  # MU per replica-second
-        counts, mu_arr, pf_arr, pf2_arr = w.counts.tolist(), w.mu.tolist(), w.prefill_s.tolist(), w.prefill_sq.tolist()
+        counts, mu_arr, pf_arr, pf2_arr = (
+            w.counts.tolist(),
+            w.mu.tolist(),
+            w.prefill_s.tolist(),
+            w.prefill_sq.tolist(),
+        )
         out_arr = w.output_tokens.tolist()
         base_wait = np.zeros(n_steps)
         admitted_counts = np.zeros(n_steps)
@@ -228,6 +237,7 @@ class FluidSimulator:
         kv_tok = perf.decode_s_per_kv_token
         a_p = perf.prefill_s_per_token
         max_seqs = float(perf.max_num_seqs)
+        kv_tokens = float(perf.kv_capacity_tokens)
         sm_n = sm_a = sm_pf = sm_pf2 = sm_out = sm_in = 0.0
         cum_n: list[float] = [0.0]
         cum_mu: list[float] = [0.0]
@@ -294,16 +304,17 @@ class FluidSimulator:
             sm_out += (out_arr[i] / dt - sm_out) * smooth
             sm_in += (in_arr[i] / dt - sm_in) * smooth
             if sm_n > 1e-12:
-                e_pf, e_pf2 = sm_pf / sm_n, sm_pf2 / sm_n
+                e_pf2 = sm_pf2 / sm_n
                 e_out, e_in, e_mu = sm_out / sm_n, sm_in / sm_n, sm_a / sm_n
             else:
-                e_pf = e_pf2 = e_out = e_in = e_mu = 0.0
+                e_pf2 = e_out = e_in = e_mu = 0.0
             # Decode cost per sequence and iteration, including its KV reads at the mean context length.
             ps_eff = per_seq + kv_tok * (e_in + e_out / 2.0)
             # Saturated throughput of one replica (req/s): prefill work + decode work + iteration overheads
             # shared by at most max_num_seqs sequences (also capped by KV capacity).
             e_pf_tok = e_in * a_p  # prefill compute only: iteration overheads are shared with decodes
-            per_req_s = e_pf_tok + e_out * ps_eff + e_out * iter_base / max_seqs
+            seqs = min(max_seqs, kv_tokens / max(1.0, e_in + e_out / 2.0))
+            per_req_s = e_pf_tok + e_out * ps_eff + e_out * iter_base / seqs
             lam_sat = 1.0 / per_req_s if per_req_s > 0 else math.inf
             fleet_rate = ready * lam_sat * e_mu if e_mu > 0 else ready * cap_rate  # MU/s the fleet serves
             backlog += a
@@ -317,19 +328,21 @@ class FluidSimulator:
                 lam = min(sm_n / ready, lam_sat)  # requests per second per replica actually served
                 rho_p = min(0.95, lam * e_pf_tok)
                 x = 1.0 - rho_p - lam * e_out * ps_eff
-                decode_batch = min(float(max_seqs), lam * e_out * iter_base / x) if x > 1e-6 else float(max_seqs)
+                decode_batch = min(seqs, lam * e_out * iter_base / x) if x > 1e-6 else seqs
                 step_t = iter_base + ps_eff * decode_batch
                 # Pollaczek-Khinchine mean wait behind other prompts' prefill, half an iteration of
-                # residual, the decode work riding along the prompt's own iteration, and the backlog.
+                # residual, the decode work riding along the prompt's own iteration, and the backlog that
+                # the free batch slots cannot absorb (a burst first grows the batch: it waits only once
+                # every replica runs max_num_seqs sequences).
                 pk = lam * e_pf2 / (2.0 * (1.0 - rho_p))
-                wait = backlog / fleet_rate + pk + 0.5 * step_t + ps_eff * decode_batch
+                slack = (seqs - decode_batch) * ready * e_mu
+                queued = backlog - slack if backlog > slack else 0.0
+                wait = queued / fleet_rate + pk + 0.5 * step_t + ps_eff * decode_batch
                 # Decoders share iterations with prompt chunks: a token takes step_t / (1 - rho_p).
                 e2e = wait + e_pf_tok + e_out * step_t / (1.0 - rho_p)
-                mean_out = e_out
             else:
                 wait = math.inf if n > 0 else 0.0
                 e2e = 0.0
-                mean_out = e_out
             base_wait[i] = wait
             # In flight (for the autoscaler): what arrived within the last mean latency (Little's law, but on
             # the raw per-step arrivals so the autoscaler sees the same fluctuations as in discrete-event
@@ -345,8 +358,12 @@ class FluidSimulator:
                 else:
                     j0 = int(j)
                     f = j - j0
-                    inflight_req = cum_n[-1] - (cum_n[j0] + f * (cum_n[j0 + 1] - cum_n[j0]) if j0 + 1 <= i + 1 else cum_n[j0])
-                    inflight_mu = cum_mu[-1] - (cum_mu[j0] + f * (cum_mu[j0 + 1] - cum_mu[j0]) if j0 + 1 <= i + 1 else cum_mu[j0])
+                    inflight_req = cum_n[-1] - (
+                        cum_n[j0] + f * (cum_n[j0 + 1] - cum_n[j0]) if j0 + 1 <= i + 1 else cum_n[j0]
+                    )
+                    inflight_mu = cum_mu[-1] - (
+                        cum_mu[j0] + f * (cum_mu[j0 + 1] - cum_mu[j0]) if j0 + 1 <= i + 1 else cum_mu[j0]
+                    )
             else:
                 inflight_req = backlog / e_mu if e_mu > 0 else 0.0
                 inflight_mu = backlog
@@ -357,8 +374,15 @@ class FluidSimulator:
             replica_seconds += end - p
         if progress is not None:
             progress(n_steps, n_steps)
-        return self._summary(base_wait, admitted_counts, replica_seconds, rejected, served_total, replicas_series,
-                             time.perf_counter() - wall0)
+        return self._summary(
+            base_wait,
+            admitted_counts,
+            replica_seconds,
+            rejected,
+            served_total,
+            replicas_series,
+            time.perf_counter() - wall0,
+        )
 
     def _summary(
         self,
@@ -396,17 +420,17 @@ class FluidSimulator:
             return float(edges[min(j + 1, len(edges) - 1)])
 
         # Per-minute p95 for slo_attainment.
-        per_min = max(1, int(round(60.0 / w.step_s)))
+        per_min = max(1, round(60.0 / w.step_s))
         n_min = len(bw) // per_min
         minute_p95 = np.full(max(n_min, 1), math.nan)
         if n_min:
             b = bw[: n_min * per_min].reshape(n_min, per_min)
             c = cw[: n_min * per_min].reshape(n_min, per_min)
-            vals = (b[:, :, None] + q[None, None, :]).reshape(n_min, -1)
-            wts = np.repeat(c / k, k, axis=1).reshape(n_min, -1)
-            order = np.argsort(vals, axis=1)
-            sv = np.take_along_axis(vals, order, axis=1)
-            sw = np.cumsum(np.take_along_axis(wts, order, axis=1), axis=1)
+            mvals = (b[:, :, None] + q[None, None, :]).reshape(n_min, -1)
+            mwts = np.repeat(c / k, k, axis=1).reshape(n_min, -1)
+            order = np.argsort(mvals, axis=1)
+            sv = np.take_along_axis(mvals, order, axis=1)
+            sw = np.cumsum(np.take_along_axis(mwts, order, axis=1), axis=1)
             tot = sw[:, -1]
             idx = np.argmax(sw >= 0.95 * tot[:, None], axis=1)
             minute_p95 = np.where(tot > 0, sv[np.arange(n_min), idx], math.nan)
@@ -420,9 +444,9 @@ class FluidSimulator:
             "trace": w.name,
             "seed": cfg.seed,
             "replicas": cfg.replicas,
-            "requests": int(round(requests)),
-            "completed": int(round(completed)),
-            "rejected": int(round(rejected + lost)),
+            "requests": round(requests),
+            "completed": round(completed),
+            "rejected": round(rejected + lost),
             "ttft_p50_s": pct(50),
             "ttft_p95_s": pct(95),
             "ttft_p99_s": pct(99),
@@ -473,9 +497,17 @@ def run_fluid(opts: Any, *, progress: Callable[[int, int], None] | None = None) 
     if is_table:
         table = load_rate_table(path).select(opts.tenant).slice(opts.start_s, opts.duration_s)
         if opts.time_scale != 1.0:
-            table = RateTable(table.t_s * opts.time_scale, table.window_s * opts.time_scale, table.rates, table.name)
+            table = RateTable(
+                table.t_s * opts.time_scale, table.window_s * opts.time_scale, table.rates, table.name
+            )
         work = workload_from_rates(
-            table, length_source(opts.lengths), profile, perf, opts.step_s, seed=opts.seed, rate_scale=opts.rate_scale
+            table,
+            length_source(opts.lengths),
+            profile,
+            perf,
+            opts.step_s,
+            seed=opts.seed,
+            rate_scale=opts.rate_scale,
         )
     else:
         work = workload_from_trace(load_for(opts), profile, perf, opts.step_s)

@@ -93,7 +93,7 @@ def slo_attainment(minute_p95: np.ndarray, slo_s: float | None) -> float:
 
 def per_minute_p95(times: np.ndarray, ttft: np.ndarray, horizon_s: float) -> np.ndarray:
     """p95 TTFT of the requests arriving in each minute (``nan`` for minutes without arrivals)."""
-    n = max(1, int(math.ceil(horizon_s / 60.0)))
+    n = max(1, math.ceil(horizon_s / 60.0))
     out = np.full(n, math.nan)
     if times.size == 0:
         return out
@@ -130,4 +130,5 @@ def ordered(summary: dict[str, Any]) -> dict[str, Any]:
     for k in sorted(summary):
         if k not in out:
             out[k] = summary[k]
-    return clean(out)  # type: ignore[no-any-return]
+    result: dict[str, Any] = clean(out)
+    return result

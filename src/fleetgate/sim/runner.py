@@ -139,7 +139,9 @@ def run_des(
     return sim.run()
 
 
-def run(opts: SimOptions, *, progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, Any], Any]:
+def run(
+    opts: SimOptions, *, progress: Callable[[int, int], None] | None = None
+) -> tuple[dict[str, Any], Any]:
     """Run in the chosen mode; returns (summary, RunResult or None for fluid runs)."""
     mode = choose_mode(opts)
     if mode == "des":
@@ -176,5 +178,7 @@ def json_dumps(summary: Mapping[str, Any]) -> bytes:
         raise TypeError(type(o).__name__)
 
     return orjson.dumps(
-        {k: v for k, v in summary.items() if not k.startswith("_")}, option=orjson.OPT_INDENT_2, default=default
+        {k: v for k, v in summary.items() if not k.startswith("_")},
+        option=orjson.OPT_INDENT_2,
+        default=default,
     )

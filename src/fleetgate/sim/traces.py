@@ -5,15 +5,18 @@ token lengths and, where the format has them, prefix block ids (Mooncake ``hash_
 exactly as far as their leading ids agree). Formats:
 
 * ``azure``: Azure LLM inference CSV (``TIMESTAMP, ContextTokens, GeneratedTokens``), no prefixes.
-* ``mooncake``: Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids`` of 512-token
+* ``mooncake``: Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids`` of
+  512-token
   blocks).
 * ``servegen``: ServeGen per-tenant rate tables (``t_s, total_rps, active_clients, client_<id>...``, one row
-  per window). Rates are turned into arrivals by :func:`gamma_renewal_arrivals` (see there for why not Poisson)
+  per window). Rates are turned into arrivals by :func:`gamma_renewal_arrivals` (see there: why not
+  Poisson)
   and lengths come from a :class:`LengthSource`.
 * ``synthetic``: :func:`synthetic_trace` (gamma-renewal arrivals, lognormal lengths, shared-prefix groups).
 
-Scaling: ``time_scale`` multiplies every timestamp (2.0 = the same requests over twice the time); ``rate_scale``
-X replays at X times the rate: for recorded traces it divides timestamps by X, for rate tables it multiplies the
+Scaling: ``time_scale`` multiplies every timestamp (2.0 = the same requests over twice the time);
+``rate_scale`` X replays at X times the rate: for recorded traces it divides timestamps by X, for rate tables
+it multiplies the
 rates (so the horizon stays the same and the generator draws X times the requests).
 
 Randomness is always a seeded ``numpy.random.Generator`` passed in or built from ``seed``; nothing global.
@@ -87,7 +90,8 @@ class Trace:
 class LengthSource(Protocol):
     """Draws (input_tokens, output_tokens) pairs for generated arrivals."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``n`` input and ``n`` output lengths (int64 arrays, each >= 1)."""
@@ -147,12 +151,14 @@ class EmpiricalLengths:
 
 
 def length_source(spec: str | None, traces_dir: Path | None = None) -> LengthSource:
-    """A length source by name: ``servegen`` (default lognormal fit), ``azure``, ``mooncake`` or a trace path."""
+    """A length source by name: ``servegen`` (lognormal fit, default), ``azure``, ``mooncake`` or a path."""
     if spec in (None, "", "servegen", "lognormal"):
         return LognormalLengths()
     base = traces_dir or default_traces_dir()
     if spec == "azure":
-        return EmpiricalLengths.from_trace(load_azure(base / "azure-2023" / "AzureLLMInferenceTrace_conv.csv"))
+        return EmpiricalLengths.from_trace(
+            load_azure(base / "azure-2023" / "AzureLLMInferenceTrace_conv.csv")
+        )
     if spec == "mooncake":
         return EmpiricalLengths.from_trace(load_mooncake(base / "mooncake" / "conversation_trace.jsonl"))
     path = Path(spec)
@@ -161,7 +167,7 @@ def length_source(spec: str | None, traces_dir: Path | None = None) -> LengthSou
     return EmpiricalLengths.from_trace(load_trace(path))
 
 
-# --------------------------------------------------------------------------------------------- recorded traces
+# ------------------------------------------------------------------------------------------ recorded traces
 
 
 def detect_format(path: Path) -> str:
@@ -193,7 +199,11 @@ def load_azure(path: Path) -> Trace:
         reader = csv.reader(fh)
         header = [h.strip() for h in next(reader)]
         try:
-            it, ic, ig = header.index("TIMESTAMP"), header.index("ContextTokens"), header.index("GeneratedTokens")
+            it, ic, ig = (
+                header.index("TIMESTAMP"),
+                header.index("ContextTokens"),
+                header.index("GeneratedTokens"),
+            )
         except ValueError as exc:
             raise TraceFormatError(f"{path}: expected TIMESTAMP, ContextTokens, GeneratedTokens") from exc
         for row in reader:
@@ -240,7 +250,7 @@ def load_mooncake(path: Path) -> Trace:
 
 @dataclass(slots=True)
 class RateTable:
-    """ServeGen per-tenant request rates: ``rates[tenant][i]`` req/s during ``[t_s[i], t_s[i] + window_s)``."""
+    """ServeGen per-tenant rates: ``rates[tenant][i]`` req/s during ``[t_s[i], t_s[i] + window_s)``."""
 
     t_s: np.ndarray
     window_s: float
@@ -273,7 +283,9 @@ class RateTable:
         t = self.t_s - self.t_s[0]
         end = math.inf if duration_s is None else start_s + duration_s
         keep = (t + self.window_s > start_s) & (t < end)
-        return RateTable(t[keep] - start_s, self.window_s, {k: v[keep] for k, v in self.rates.items()}, self.name)
+        return RateTable(
+            t[keep] - start_s, self.window_s, {k: v[keep] for k, v in self.rates.items()}, self.name
+        )
 
 
 def load_rate_table(path: Path) -> RateTable:
@@ -366,7 +378,11 @@ def generate_from_rates(
     names = sorted(table.rates)
     for idx, name in enumerate(names):
         arr = gamma_renewal_arrivals(
-            table.t_s, table.window_s, table.rates[name] * rate_scale, tenant_cv(name, median_cv, seed=seed), rng
+            table.t_s,
+            table.window_s,
+            table.rates[name] * rate_scale,
+            tenant_cv(name, median_cv, seed=seed),
+            rng,
         )
         times.append(arr)
         tenants.append(np.full(len(arr), idx, dtype=np.int32))
@@ -413,12 +429,16 @@ def synthetic_trace(
     t = np.cumsum(gaps) - gaps[0]
     inp, out = src.sample(n_requests, rng)
     groups = (
-        np.minimum(rng.zipf(1.3, n_requests), prefix_groups) - 1 if prefix_groups > 0 else np.zeros(n_requests)
+        np.minimum(rng.zipf(1.3, n_requests), prefix_groups) - 1
+        if prefix_groups > 0
+        else np.zeros(n_requests)
     ).astype(np.int64)
     who = rng.integers(0, max(1, tenants), n_requests)
     reqs: list[TraceRequest] = []
     next_id = prefix_groups * prefix_blocks
-    for a, i, o, g, w in zip(t.tolist(), inp.tolist(), out.tolist(), groups.tolist(), who.tolist(), strict=True):
+    for a, i, o, g, w in zip(
+        t.tolist(), inp.tolist(), out.tolist(), groups.tolist(), who.tolist(), strict=True
+    ):
         nblocks = -(-i // block_tokens)
         if prefix_groups > 0:
             shared = min(prefix_blocks, nblocks)
@@ -486,7 +506,9 @@ def load_trace(
     if start_s > 0 or duration_s is not None:
         end = math.inf if duration_s is None else start_s + duration_s
         trace.requests = [
-            replace(r, arrival_s=r.arrival_s - start_s) for r in trace.requests if start_s <= r.arrival_s < end
+            replace(r, arrival_s=r.arrival_s - start_s)
+            for r in trace.requests
+            if start_s <= r.arrival_s < end
         ]
     if max_requests is not None:
         trace.requests = trace.requests[:max_requests]

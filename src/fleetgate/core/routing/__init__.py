@@ -1,4 +1,8 @@
-"""Routing: filters, then weighted scorers in [0, 1], then a picker; policies built by name from config."""
+"""Routing: filters, then weighted scorers in [0, 1], then a picker; policies built by name from config.
+
+Public API: ``build_policy(name, params)`` / ``POLICY_NAMES`` (registry), the ``RoutingPolicy`` protocol,
+and the outlier detector every policy embeds (fed through ``on_complete``). See docs/routing.md.
+"""
 
 from fleetgate.core.routing.base import RoutingPolicy
 from fleetgate.core.routing.outlier import BreakerState, OutlierConfig, OutlierDetector

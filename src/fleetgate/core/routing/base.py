@@ -33,5 +33,9 @@ class RoutingPolicy(Protocol):
         ...
 
     def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
-        """The request finished on ``replica`` with settled cost ``cost_mu``."""
+        """The request finished on ``replica`` with settled cost ``cost_mu``.
+
+        ``ok`` is False when the replica failed it (connection error, 5xx, timeout before the first byte):
+        policies feed this to their outlier detector. Client errors and disconnects count as ``ok``.
+        """
         ...

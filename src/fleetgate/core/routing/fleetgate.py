@@ -1,26 +1,31 @@
 """fleetgate's default policy: MU least-TTFT within a sticky, bounded-load, self-rebalancing assignment.
 
-Per request (``pick``, O(replicas) plus O(prefix depth)):
+Per request (``pick``: O(replicas) plus O(matched prefix depth), no per-replica allocation):
 
 1. **filter**: routable replicas only (healthy/suspect, not draining, not ejected, not in ``exclude``);
-2. **affinity**: the request's workload key (``keys.KeyFunction``) has a subset of replicas from
-   ``affinity.BoundedLoadAffinity`` (consistent hashing with bounded loads; the subset grows with the key's MU
-   rate); unroutable members are skipped, so affinity never forces a request onto a bad replica;
-3. **score**: estimated time to first token on each replica
-   ``(in-flight MU + this request's prefill MU given that replica's expected cache) / MU rate``,
-   the cache state coming from ``prefix_index.PrefixIndex`` (blocks recently routed there, LRU-bounded by
-   ``cache_tokens_per_replica``);
-4. **load guard**: a replica whose recent dispatched MU rate (EWMA, ``rate_tau_s``) exceeds ``load_bound``
-   times the fleet mean (and the mean by more than ``guard_min_util`` of its capacity) takes no new request;
-5. **pick**: the best subset member, unless the best replica overall is much faster
-   (``subset_ttft > spill_factor * best_ttft + spill_slack_s``): then that one (a *spill*).
+   affinity below never overrides this, so a request is never forced onto a bad replica;
+2. **affinity**: the request's workload key (``keys.KeyFunction``: prompt prefix, session or tenant) owns a
+   subset of replicas (``affinity.BoundedLoadAffinity``: consistent hashing with bounded loads); the subset
+   grows with the key's MU rate (hot keys spread) and shrinks when it cools;
+3. **estimate** for every candidate the time to first token: prefill MU queued ahead of the request (a
+   fluid queue per replica fed at dispatch, drained at the replica's MU rate; raised to the engine's own
+   waiting queue when the scrape shows one) plus this request's prefill MU *given what that replica is
+   expected to have cached* (``prefix_index.PrefixIndex``: blocks routed there recently, LRU-bounded by
+   ``cache_tokens_per_replica``), divided by the replica's MU rate;
+4. **load guard**: a replica whose recent dispatched MU (EWMA, ``rate_tau_s``) would exceed ``load_bound``
+   x the mean takes no new request, unless it is expected to hold ``guard_exempt_ratio`` of the prompt, in
+   which case it may go up to ``cached_load_bound`` x the mean (moving a cache hit costs more than a
+   little imbalance, but not without limit); hot keys get no exemption;
+5. **pick**: the leader is the replica expected to hold the longest prefix of the prompt (the subset's best
+   when none does, or when the key is hot); it wins unless the best replica overall would be much faster
+   (``leader_ttft > spill_factor * best_ttft + spill_slack_s``), in which case that one does (a *spill*).
 
 Every ``rebalance_interval_s`` (driven by the ``now`` passed in): keys idle for ``key_ttl_s`` are forgotten,
 cooled keys shrink their subsets, replicas that left the fleet are dropped from subsets, and replicas whose
 MU rate is above ``(1 + rebalance_band)`` x mean hand their largest keys that fit in the excess to the next
-replicas on the key's ring that are below the mean (as few keys as possible move).
+replicas on the key's ring that stay inside the band (as few keys as possible move).
 
-See docs/routing.md for the reasoning and every parameter.
+See docs/routing.md for the reasoning, measurements and every parameter.
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ class FleetgatePolicy:
         cache_tokens_per_replica: int = 400_000,
         sticky_cache: bool = True,
         guard_exempt_ratio: float = 0.3,
-        cached_load_bound: float = 1.3,
+        cached_load_bound: float = 1.5,
         sticky_min_blocks: int = 1,
         profile: str | None = None,
         prefill_mu_per_token: float | None = None,
@@ -135,7 +140,8 @@ class FleetgatePolicy:
         self._replicas: Sequence[ReplicaSnapshot] = ()
         self._cap_rate = 100.0 / 60.0
         self._next_maintenance: float | None = None
-        self.spills = 0
+        self.spills = 0  # picks that left the leader for a much faster replica
+        self.off_subset = 0  # dispatches outside the key's subset (cache leader or spill)
         self.guarded = 0
         self.skips = 0
 
@@ -231,64 +237,71 @@ class FleetgatePolicy:
         exempt_tokens = self.guard_exempt_ratio * inp if inp > 0 and not hot else _INF
 
         finish = self._finish
-        best_i = deep_i = sub_i = any_i = -1
-        best_t = deep_t = sub_t = any_t = _INF
-        best_v = sub_v = any_v = _INF
-        deep_d = 0
-        sub_rank = 1 << 30
+        sticky = self.sticky_cache
         skipped = 0
-        i = -1
-        for r, v in zip(cands, rates, strict=True):
-            i += 1
-            name = r.name
-            cap = r.capacity_mu_per_min / 60.0
-            if cap <= 0.0:
-                cap = 1e-9
-            # Time to first token: prefill queued ahead (virtual finish time) + own uncached prefill.
-            f = finish.get(name, 0.0)
-            wait = f - now if f > now else 0.0
-            w = r.engine_waiting
-            if w and r.inflight_requests > 0:
-                # Requests the engine has not started (queued or memory-bound): the replica may be far
-                # slower than the fluid model believes (KV thrashing), so trust the larger estimate.
-                ww = w * r.inflight_mu / r.inflight_requests / cap
-                if ww > wait:
-                    wait = ww
-            pre = full
-            d = 0
-            if depths:
-                d = depths.get(name, 0)
-                if d:
-                    cached = d * bt
-                    pre -= save_per_token * (cached if cached < inp else inp)
-            t = wait + pre / cap
-            if t < any_t or (t == any_t and v < any_v):
-                any_i, any_t, any_v = i, t, v
-            if (
-                v > rel_lim
-                and v + own - mean > slack * cap
-                and (d * bt < exempt_tokens or v > rel_lim_cached)
-            ):
-                skipped += 1
-                continue
-            if t < best_t or (t == best_t and v < best_v):
-                best_i, best_t, best_v = i, t, v
-            if d and (d > deep_d or (d == deep_d and t < deep_t)) and (not hot or name in subset):
-                deep_i, deep_d, deep_t = i, d, t
-            if name in subset:
-                rank = subset.index(name)
-                if t < sub_t or (t == sub_t and (v, rank) < (sub_v, sub_rank)):
-                    sub_i, sub_t, sub_v, sub_rank = i, t, v, rank
-        self.skips += skipped
-        if best_i < 0:
-            best_i, best_t = any_i, any_t
+        while True:  # a second pass without the guard only if the guard left nothing (a huge request)
+            best_i = deep_i = sub_i = -1
+            best_t = deep_t = sub_t = _INF
+            best_v = sub_v = _INF
+            deep_d = 0
+            sub_rank = 1 << 30
+            i = -1
+            for r, v in zip(cands, rates, strict=True):
+                i += 1
+                name = r.name
+                cap = r.capacity_mu_per_min / 60.0
+                if cap <= 0.0:
+                    cap = 1e-9
+                # Time to first token: prefill queued ahead (virtual finish time) + own uncached prefill.
+                f = finish.get(name, 0.0)
+                wait = f - now if f > now else 0.0
+                w = r.engine_waiting
+                if w and r.inflight_requests > 0:
+                    # Requests the engine has not started (queued or memory-bound): the replica may be far
+                    # slower than the fluid model believes (KV thrashing), so trust the larger estimate.
+                    ww = w * r.inflight_mu / r.inflight_requests / cap
+                    if ww > wait:
+                        wait = ww
+                pre = full
+                d = 0
+                if depths:
+                    d = depths.get(name, 0)
+                    if d:
+                        cached = d * bt
+                        pre -= save_per_token * (cached if cached < inp else inp)
+                t = wait + pre / cap
+                if (
+                    v > rel_lim
+                    and v + own - mean > slack * cap
+                    and (d * bt < exempt_tokens or v > rel_lim_cached)
+                ):
+                    skipped += 1
+                    continue
+                if t < best_t or (t == best_t and v < best_v):
+                    best_i, best_t, best_v = i, t, v
+                if (
+                    d
+                    and sticky
+                    and (d > deep_d or (d == deep_d and t < deep_t))
+                    and (not hot or name in subset)
+                ):
+                    deep_i, deep_d, deep_t = i, d, t
+                if name in subset:
+                    rank = subset.index(name)
+                    if t < sub_t or (t == sub_t and (v, rank) < (sub_v, sub_rank)):
+                        sub_i, sub_t, sub_v, sub_rank = i, t, v, rank
+            if best_i >= 0:
+                break
             self.guarded += 1
-        if self.sticky_cache and deep_i >= 0 and deep_d >= self.sticky_min_blocks:
+            rel_lim = rel_lim_cached = _INF
+        self.skips += skipped
+        if deep_i >= 0 and deep_d >= self.sticky_min_blocks:
             sub_i, sub_t = deep_i, deep_t  # the replica expected to hold the most of the prompt leads
         if sub_i >= 0 and sub_t <= self.spill_factor * best_t + self.spill_slack_s:
             chosen, t, reason = sub_i, sub_t, "fleetgate:affinity"
         else:
             chosen, t, reason = best_i, best_t, "fleetgate:spill"
+            self.spills += 1
         rep = cands[chosen]
         name = rep.name
         cached_blocks = depths.get(name, 0) if depths else 0
@@ -334,7 +347,7 @@ class FleetgatePolicy:
             state = aff.commit(key, subset, now)
         state.last_seen = now
         if replica not in state.subset:
-            self.spills += 1
+            self.off_subset += 1
         self.key_rates.add(key, cost, now)
         members = len(self._cands) or 1
         kr = self.key_rates.rate(key, now)
@@ -456,7 +469,7 @@ _PARAMS: dict[str, Any] = {
     "spill_factor": float,
     "spill_slack_s": float,
     "cache_tokens_per_replica": int,
-    "sticky_cache": bool,
+    "sticky_cache": lambda v: v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on"),
     "guard_exempt_ratio": float,
     "cached_load_bound": float,
     "sticky_min_blocks": int,

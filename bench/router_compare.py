@@ -1,0 +1,552 @@
+"""Live router comparison: the same engines, the same Mooncake replay, every router side by side.
+
+For each contender (fleetgate's gateway with each routing policy, the real ``sglang-router`` and
+``vllm-router`` from PyPI) this script restarts the simulated-engine replicas (so prefix caches start cold),
+starts the router in front of them, replays the same trace prefix open-loop with ``fleetgate bench replay``'s
+engine (:mod:`fleetgate.bench.replay`) and records TTFT/e2e percentiles, output tokens/s, the engines'
+prefix-cache hit rate, the per-replica load (model units from engine counters, max/mean over 1-minute
+windows) and the latency the router path adds (client TTFT minus the engines' own TTFT; plus any routing-time
+histogram the router exposes).
+
+The load is chosen by a short calibration first: unloaded TTFT (sequential requests through round robin),
+then round robin at increasing rates until its p95 TTFT is at least ``--load-factor`` (3) x the unloaded p95.
+
+    .venv/bin/python bench/router_compare.py --out bench/results/router_compare.json --md /tmp/rc.md
+    .venv/bin/python bench/router_compare.py --quick          # ~3 minutes smoke run
+
+Engines are pinned to the last CPU and routers/gateway/client to the others (2-core machine: 1 + 1); see
+``--no-pin``. Everything binds 127.0.0.1 on free ports; every child runs in its own process group and is
+killed on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from fleetgate.bench.prompts import PromptSynth
+from fleetgate.bench.replay import PlannedRequest, ReplayOptions, plan_requests, run_replay
+from fleetgate.sim.traces import default_traces_dir, load_trace
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+ROUTERS_VENV = Path(os.environ.get("FLEETGATE_ROUTERS_VENV", Path.home() / ".cache/fleetgate/venv-routers"))
+READY = re.compile(r"ready on (http://127\.0\.0\.1:\d+)")
+MODEL = "sim-mooncake"
+
+#: Engine performance profile. Prompts are scaled by 1/32 (a 512-token Mooncake block becomes 16 tokens, one
+#: KV block), so each scaled token stands for 32 trace tokens: prefill per token is 32x the default 8B/GPU
+#: figure (5e-5 s), the chunk budget 8192/32, the context limit 262144/32. Decode keeps the default per-step
+#: costs (outputs are scaled too, so decode is light: TTFT is prefill- and queue-bound, as in Mooncake).
+#: The prefix cache holds 4096 blocks per replica: far less than the replay's working set, so where a
+#: conversation's turns land decides the hit rate.
+ENGINE_PROFILE = {
+    "perf": {
+        "prefill_s_per_token": 1.6e-3,
+        "max_num_batched_tokens": 256,
+        "kv_capacity_tokens": 65536,
+        "prefix_cache_blocks": 4096,
+        "max_model_len": 8192,
+        "max_num_seqs": 64,
+    }
+}
+
+FLEETGATE_POLICIES = ("fleetgate", "cache_aware", "p2c", "least_requests", "round_robin", "random")
+EXTERNAL = ("sglang-router:cache_aware", "vllm-router:cache_aware", "vllm-router:round_robin")
+ALL_CONTENDERS = tuple(f"fleetgate:{p}" for p in FLEETGATE_POLICIES) + EXTERNAL
+
+
+# --------------------------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Proc:
+    """A child process in its own process group, with its output in a log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    url: str | None = None
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 3.0) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
+
+
+_LIVE: list[Proc] = []
+
+
+def _cleanup() -> None:
+    for p in list(_LIVE):
+        p.stop(grace=1.0)
+    _LIVE.clear()
+
+
+atexit.register(_cleanup)
+
+
+def _pin(cpus: set[int] | None) -> Any:
+    if not cpus:
+        return None
+
+    def pre() -> None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cpus)
+
+    return pre
+
+
+def spawn(
+    name: str, args: Sequence[str], logdir: Path, cpus: set[int] | None, env: dict[str, str] | None = None
+) -> Proc:
+    log = logdir / f"{name}.log"
+    fh = open(log, "wb")  # noqa: SIM115 - the child owns it
+    popen = subprocess.Popen(
+        list(args),
+        stdin=subprocess.DEVNULL,
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_pin(cpus),
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+    fh.close()
+    proc = Proc(name, popen, log)
+    _LIVE.append(proc)
+    return proc
+
+
+def wait_ready_line(procs: Sequence[Proc], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    pending = [p for p in procs if p.url is None]
+    while pending:
+        for p in list(pending):
+            m = READY.search(p.output())
+            if m:
+                p.url = m.group(1)
+                pending.remove(p)
+            elif p.popen.poll() is not None:
+                raise RuntimeError(f"{p.name} exited:\n{p.output()[-2000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not ready: {[p.name for p in pending]}")
+        time.sleep(0.05)
+
+
+def wait_http(url: str, proc: Proc, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"{proc.name} exited:\n{proc.output()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{proc.name}: {url} not ready:\n{proc.output()[-2000:]}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def stop_all(procs: Sequence[Proc]) -> None:
+    for p in procs:
+        p.stop()
+        if p in _LIVE:
+            _LIVE.remove(p)
+
+
+# --------------------------------------------------------------------------------------------- fleet
+
+
+@dataclass
+class Setup:
+    replicas: int
+    engine_time_scale: float
+    profile_path: Path
+    logdir: Path
+    engine_cpus: set[int] | None
+    router_cpus: set[int] | None
+    policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def start_engines(setup: Setup, tag: str) -> list[Proc]:
+    procs = [
+        spawn(
+            f"{tag}-engine{i}",
+            [PY, "-m", "fleetgate.cli", "engine", "sim", "--port", "0", "--model", MODEL,
+             "--time-scale", str(setup.engine_time_scale), "--profile", str(setup.profile_path),
+             "--seed", str(i)],
+            setup.logdir,
+            setup.engine_cpus,
+        )
+        for i in range(setup.replicas)
+    ]  # fmt: skip
+    wait_ready_line(procs)
+    return procs
+
+
+def start_router(
+    contender: str, engines: Sequence[Proc], setup: Setup, tag: str
+) -> tuple[Proc, str, str | None]:
+    """Start ``contender`` in front of ``engines``; returns (process, base URL, its metrics URL)."""
+    kind, _, policy = contender.partition(":")
+    urls = [e.url for e in engines if e.url]
+    if kind == "fleetgate":
+        import yaml
+
+        cfg = {
+            "gateway": {"host": "127.0.0.1", "port": 0},
+            "deployments": [
+                {
+                    "model": MODEL,
+                    "routing": {"policy": policy, "params": setup.policy_params.get(policy, {})},
+                    "replicas": [{"name": f"r{i}", "url": u} for i, u in enumerate(urls)],
+                }
+            ],
+        }
+        path = setup.logdir / f"{tag}-gateway.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        proc = spawn(
+            f"{tag}-gateway",
+            [PY, "-m", "fleetgate.cli", "serve", "--config", str(path)],
+            setup.logdir,
+            setup.router_cpus,
+        )
+        wait_ready_line([proc])
+        assert proc.url is not None
+        wait_http(proc.url + "/readyz", proc)
+        return proc, proc.url, proc.url + "/metrics"
+    port, mport = free_port(), free_port()
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", policy,
+              "--prometheus-port", str(mport), "--prometheus-host", "127.0.0.1"]  # fmt: skip
+    if kind == "vllm-router":
+        args = [str(ROUTERS_VENV / "bin" / "vllm-router"), *common, "--log-level", "warning"]
+    elif kind == "sglang-router":
+        args = [str(ROUTERS_VENV / "bin" / "sglang-router"), "launch", *common, "--log-level", "warn"]
+    else:
+        raise ValueError(f"unknown contender {contender!r}")
+    proc = spawn(f"{tag}-{kind}", args, setup.logdir, setup.router_cpus)
+    base = f"http://127.0.0.1:{port}"
+    wait_http(base + "/health", proc)
+    return proc, base, f"http://127.0.0.1:{mport}/metrics"
+
+
+def run_one(
+    contender: str,
+    planned: Sequence[PlannedRequest],
+    setup: Setup,
+    tag: str,
+    *,
+    concurrency_limit: int | None = None,
+    measure_from_send: bool = False,
+) -> dict[str, Any]:
+    """Fresh engines + router, one replay, everything stopped again."""
+    engines = start_engines(setup, tag)
+    router: Proc | None = None
+    try:
+        router, base, router_metrics = start_router(contender, engines, setup, tag)
+        opts = ReplayOptions(
+            base_url=base,
+            model=MODEL,
+            metrics_urls=[f"{e.url}/metrics" for e in engines],
+            router_metrics_url=router_metrics,
+            concurrency_limit=concurrency_limit,
+            measure_from_send=measure_from_send,
+            request_timeout_s=300.0,
+            scrape_interval_s=2.0,
+            window_s=60.0,
+        )
+        t0 = time.monotonic()
+        report = asyncio.run(run_replay(planned, opts))
+        report["run_wall_s"] = round(time.monotonic() - t0, 1)
+        report["router_counters"] = _router_counters(router_metrics)
+        return report
+    finally:
+        stop_all([p for p in (router, *engines) if p is not None])
+
+
+def _router_counters(url: str | None) -> dict[str, float]:
+    """A few routers' own counters worth recording (e.g. why vllm-router's cache_aware fell back)."""
+    if not url:
+        return {}
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if "prefix_routing_decisions" in name or "kv_routing_inputs" in name or "retries" in name:
+            out[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+# --------------------------------------------------------------------------------------------- calibration
+
+
+def calibrate(
+    args: argparse.Namespace, setup: Setup, full: Sequence[PlannedRequest], trace_span: float, log: Any
+) -> tuple[float, dict[str, Any]]:
+    """Unloaded p95 TTFT, then the smallest tried rate at which round robin's p95 >= factor x unloaded."""
+    router = args.calibration_router
+    step = max(1, len(full) // args.unloaded_samples)
+    probe = [replace(r, at_s=0.0) for r in full[::step][: args.unloaded_samples]]
+    unloaded = run_one(router, probe, setup, "cal-unloaded", concurrency_limit=1, measure_from_send=True)
+    base_p95 = unloaded["ttft_s"]["p95"]
+    log(
+        f"unloaded (sequential, {len(probe)} requests): "
+        f"TTFT p50 {unloaded['ttft_s']['p50']:.3f}s p95 {base_p95:.3f}s"
+    )
+    info: dict[str, Any] = {"unloaded": _brief(unloaded), "steps": []}
+    rate = args.rate_scale
+    n_cal = min(len(full), args.calibration_requests)
+    for attempt in range(args.calibration_steps):
+        sub = [r for r in full[:n_cal]]
+        sub = [replace(r, at_s=r.at_s / rate) for r in sub]
+        rep = run_one(router, sub, setup, f"cal-{attempt}")
+        p95 = rep["ttft_s"]["p95"] or 0.0
+        ratio = p95 / base_p95 if base_p95 else float("inf")
+        log(
+            f"calibration rate x{rate:.2f}: RR TTFT p95 {p95:.3f}s = {ratio:.1f}x unloaded, "
+            f"errors {rep['errors']}"
+        )
+        info["steps"].append({"rate_scale": rate, "p95_ratio": ratio, **_brief(rep)})
+        if ratio >= args.load_factor:
+            break
+        rate *= args.calibration_growth
+    info["rate_scale"] = rate
+    info["unloaded_p95_s"] = base_p95
+    return rate, info
+
+
+def _brief(rep: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "requests": rep["requests"],
+        "errors": rep["errors"],
+        "ttft_s": rep["ttft_s"],
+        "e2e_p95_s": rep["e2e_s"]["p95"],
+        "prefix_cache_hit_rate": rep.get("prefix_cache_hit_rate"),
+    }
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
+    def ms(v: Any) -> str:
+        return "-" if v is None else f"{v * 1000:.0f}"
+
+    def f(v: Any, fmt: str = "{:.2f}") -> str:
+        return "-" if v is None else fmt.format(v)
+
+    lines = [
+        "| router | TTFT p50 ms | p95 | p99 | e2e p95 ms | out tok/s | prefix hit rate "
+        "| max/mean load (1-min) | added latency mean ms | routing p50/p99 ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        rl = r.get("router_latency") or {}
+        routing = "; ".join(
+            f"{k.split('_')[0]} {f(v['p50_ms'])}/{f(v['p99_ms'])}"
+            for k, v in rl.items()
+            if v.get("p50_ms") is not None
+        )
+        lines.append(
+            f"| {name} | {ms(r['ttft_s']['p50'])} | {ms(r['ttft_s']['p95'])} | {ms(r['ttft_s']['p99'])} "
+            f"| {ms(r['e2e_s']['p95'])} | {f(r['output_tokens_per_s'], '{:.0f}')} "
+            f"| {f(r.get('prefix_cache_hit_rate'), '{:.3f}')} | {f(r.get('load_max_over_mean_window'))} "
+            f"| {f(r.get('added_latency_mean_ms'), '{:.1f}')} | {routing or '-'} | {r['errors']} |"
+        )
+    return "\n".join(lines)
+
+
+def targets(results: dict[str, dict[str, Any]], ours: str = "fleetgate:fleetgate") -> dict[str, Any]:
+    if ours not in results:
+        return {}
+    me = results[ours]
+    others = {k: v for k, v in results.items() if k != ours and v.get("ttft_s", {}).get("p95") is not None}
+    if not others:
+        return {}
+    best_p95_name = min(others, key=lambda k: others[k]["ttft_s"]["p95"])
+    best_p95 = others[best_p95_name]["ttft_s"]["p95"]
+    hits = {k: v.get("prefix_cache_hit_rate") or 0.0 for k, v in others.items()}
+    best_hit_name = max(hits, key=lambda k: hits[k])
+    my_p95 = me["ttft_s"]["p95"]
+    my_hit = me.get("prefix_cache_hit_rate") or 0.0
+    load = me.get("load_max_over_mean_window")
+    return {
+        "p95_ratio_vs_best": my_p95 / best_p95 if best_p95 else None,
+        "best_other_p95": [best_p95_name, best_p95],
+        "p95_target_met": bool(best_p95 and my_p95 <= 0.8 * best_p95),
+        "hit_ratio_vs_best": my_hit / hits[best_hit_name] if hits[best_hit_name] else None,
+        "best_other_hit": [best_hit_name, hits[best_hit_name]],
+        "hit_target_met": my_hit >= 0.9 * hits[best_hit_name],
+        "max_over_mean_load": load,
+        "load_target_met": load is not None and load <= 1.25,
+    }
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--trace", type=Path, default=default_traces_dir() / "mooncake" / "conversation_trace.jsonl"
+    )
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=1000, help="Replay the trace's first N requests.")
+    ap.add_argument("--tokens-scale", type=float, default=1 / 32)
+    ap.add_argument("--engine-time-scale", type=float, default=0.25, help="Engines' --time-scale.")
+    ap.add_argument(
+        "--rate-scale", type=float, default=6.0, help="Start (or fixed, with --no-calibrate) rate."
+    )
+    ap.add_argument("--no-calibrate", action="store_true")
+    ap.add_argument("--load-factor", type=float, default=3.0)
+    ap.add_argument("--calibration-router", default="fleetgate:round_robin")
+    ap.add_argument("--calibration-requests", type=int, default=400)
+    ap.add_argument("--calibration-steps", type=int, default=4)
+    ap.add_argument("--calibration-growth", type=float, default=1.35)
+    ap.add_argument("--unloaded-samples", type=int, default=24)
+    ap.add_argument("--only", default=None, help="Comma-separated contenders (default: all).")
+    ap.add_argument("--policy-params", default="{}", help='JSON {"policy": {params}} for fleetgate policies.')
+    ap.add_argument("--no-pin", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="Smoke run: 240 requests, no calibration.")
+    ap.add_argument("--out", type=Path, default=None, help="Write all results as JSON here.")
+    ap.add_argument("--md", type=Path, default=None, help="Write the markdown table here.")
+    ap.add_argument("--logdir", type=Path, default=None)
+    args = ap.parse_args()
+    if args.quick:
+        args.requests = min(args.requests, 240)
+        args.no_calibrate = True
+
+    contenders = tuple(args.only.split(",")) if args.only else ALL_CONTENDERS
+    logdir = args.logdir or Path(tempfile.mkdtemp(prefix="router-compare-"))
+    logdir.mkdir(parents=True, exist_ok=True)
+    profile_path = logdir / "engine-profile.yaml"
+    import yaml
+
+    profile_path.write_text(yaml.safe_dump(ENGINE_PROFILE))
+    ncpu = os.cpu_count() or 1
+    engine_cpus = router_cpus = None
+    if not args.no_pin and ncpu >= 2:
+        engine_cpus = {ncpu - 1}
+        router_cpus = set(range(ncpu - 1))
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, router_cpus)
+    setup = Setup(
+        replicas=args.replicas,
+        engine_time_scale=args.engine_time_scale,
+        profile_path=profile_path,
+        logdir=logdir,
+        engine_cpus=engine_cpus,
+        router_cpus=router_cpus,
+        policy_params=json.loads(args.policy_params),
+    )
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    trace = load_trace(args.trace, max_requests=args.requests)
+    synth = PromptSynth(tokens_scale=args.tokens_scale)
+    full = plan_requests(trace, synth)  # unscaled arrival times; divided by the rate scale below
+    span = full[-1].at_s if full else 0.0
+    log(f"{len(full)} requests, trace span {span:.0f}s, logs in {logdir}")
+
+    calibration: dict[str, Any] = {}
+    rate = args.rate_scale
+    if not args.no_calibrate:
+        rate, calibration = calibrate(args, setup, full, span, log)
+    planned = [replace(r, at_s=r.at_s / rate) for r in full]
+    log(f"replaying at rate x{rate:.2f}: {len(planned)} requests over {planned[-1].at_s:.0f}s per contender")
+
+    results: dict[str, dict[str, Any]] = {}
+    for i, name in enumerate(contenders):
+        try:
+            rep = run_one(name, planned, setup, f"run{i}")
+        except Exception as exc:
+            log(f"{name}: FAILED {exc}")
+            results[name] = {"failed": str(exc)[:2000], "ttft_s": {"p50": None, "p95": None, "p99": None},
+                             "e2e_s": {"p95": None}, "output_tokens_per_s": None, "errors": None}  # fmt: skip
+            continue
+        results[name] = rep
+        t = rep["ttft_s"]
+        log(
+            f"{name}: TTFT p50/p95/p99 {t['p50']:.3f}/{t['p95']:.3f}/{t['p99']:.3f}s "
+            f"hit {rep.get('prefix_cache_hit_rate') or 0:.3f} "
+            f"load {rep.get('load_max_over_mean_window') or 0:.2f} "
+            f"errors {rep['errors']} ({rep['run_wall_s']}s)"
+        )
+    ok = {k: v for k, v in results.items() if "failed" not in v}
+    meta = {
+        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{platform.node()} {platform.machine()} {ncpu} CPUs, load avg {os.getloadavg()[0]:.1f}",
+        "command": " ".join(sys.argv),
+        "trace": str(args.trace),
+        "requests": len(full),
+        "rate_scale": rate,
+        "replay_span_s": planned[-1].at_s if planned else 0.0,
+        "replicas": args.replicas,
+        "engine_time_scale": args.engine_time_scale,
+        "engine_profile": ENGINE_PROFILE["perf"],
+        "tokens_scale": args.tokens_scale,
+        "pinning": {"engines": sorted(engine_cpus or []), "routers_and_client": sorted(router_cpus or [])},
+        "calibration": calibration,
+        "total_wall_s": round(time.monotonic() - started, 1),
+    }
+    table = markdown(ok, meta)
+    verdict = targets(ok)
+    print(table)
+    print(json.dumps(verdict, indent=2))
+    log(f"done in {meta['total_wall_s']}s")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"meta": meta, "targets": verdict, "results": results}, indent=2))
+    if args.md:
+        args.md.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
