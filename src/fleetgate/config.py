@@ -261,7 +261,7 @@ class MultimodalConfig(_Strict):
         default=2048, ge=64, description="Address-space cap of a worker (RLIMIT_AS); null: none."
     )
     worker_nice: int = Field(
-        default=10,
+        default=5,
         ge=0,
         le=19,
         description="CPU niceness of workers (and SCHED_BATCH when > 0): the event loop is scheduled first.",

@@ -146,12 +146,16 @@ def start_engine() -> Iterator[EngineFactory]:
     """Start simulated engines (``fleetgate engine sim --port 0``); all are killed at teardown."""
     procs: list[ServerProcess] = []
 
-    def start(model: str = "sim-model", *extra: str, time_scale: str = TIME_SCALE) -> ServerProcess:
+    def start(
+        model: str = "sim-model", *extra: str, time_scale: str = TIME_SCALE, wait: bool = True
+    ) -> ServerProcess:
+        """Start one engine; ``wait=False`` returns at once (start several, then ``wait_ready`` each)."""
         args = [PY, "-m", "fleetgate.cli", "engine", "sim", "--port", "0", "--model", model]
         args += ["--time-scale", time_scale, *extra]
         proc = ServerProcess(args, name=f"engine-{len(procs)}")
         procs.append(proc)
-        proc.wait_ready()
+        if wait:
+            proc.wait_ready()
         return proc
 
     yield start

@@ -20,7 +20,9 @@ def client(url: str, timeout: float = 30.0) -> openai.OpenAI:
 
 
 def test_replica_crash_requests_still_succeed(start_engine: Any, start_gateway: Any, tools: Any) -> None:
-    engines = [start_engine(MODEL), start_engine(MODEL)]
+    engines = [start_engine(MODEL, wait=False), start_engine(MODEL, wait=False)]
+    for engine in engines:
+        engine.wait_ready()
     gateway = start_gateway({MODEL: engines}, policy="round_robin", connect_timeout_s=0.5, health_checks=True)
     c = client(gateway.url)
     assert c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3).choices
@@ -71,9 +73,11 @@ def test_stalled_stream_ends_with_clean_error_event(start_engine: Any, start_gat
 
 
 def test_failures_before_first_byte_are_retried_elsewhere(start_engine: Any, start_gateway: Any) -> None:
-    hung = start_engine(MODEL, "--fault", "hang")
-    failing = start_engine(MODEL, "--fault", "error_rate=1")
-    good = start_engine(MODEL)
+    hung = start_engine(MODEL, "--fault", "hang", wait=False)
+    failing = start_engine(MODEL, "--fault", "error_rate=1", wait=False)
+    good = start_engine(MODEL, wait=False)
+    for engine in (hung, failing, good):
+        engine.wait_ready()
     gateway = start_gateway({MODEL: [hung, failing, good]}, first_byte_timeout_s=1.0, max_attempts=3)
     c = client(gateway.url)
     for stream in (False, True, False, True):

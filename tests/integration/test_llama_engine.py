@@ -319,3 +319,21 @@ def test_gateway_in_front_of_two_llama_replicas(tmp_path: Path) -> None:
     time.sleep(0.5)
     for pid in engines:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_four_replicas_side_by_side(tmp_path: Path) -> None:
+    missing = missing_llama_parts()
+    if missing:
+        pytest.skip("real llama.cpp engine not built: " + "; ".join(missing))
+    procs = start_llama_replicas(4, log_dir=tmp_path, parallel=1, ctx_size=1024, timeout=60)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda p: _chat(p, f"replica on port {p.port}", 5), procs))
+        assert [o["usage"]["completion_tokens"] for o in outs] == [5, 5, 5, 5]
+        assert len({p.pid for p in procs}) == 4
+        for p in procs:
+            assert _metrics(p)["llamacpp:tokens_predicted_total"] == 5
+    finally:
+        for p in procs:
+            p.stop()
+    assert not any(p.running() for p in procs)

@@ -169,3 +169,18 @@ def test_fit_rejects_bad_input() -> None:
         fit_cost_profile([Measurement(1, 1, 1.0)] * 2, random.Random(0))
     with pytest.raises(ValueError):
         fit_cost_profile([Measurement(1, 1, 0.0)] * 5, random.Random(0))
+
+
+def test_steady_state_window_handles_batched_completions() -> None:
+    from fleetgate.engines.calibration import steady_state_window
+
+    # a batch of 8 finishes together every second: 4 batches -> 8 req/s in steady state
+    times = [float(b) for b in range(1, 5) for _ in range(8)]
+    lo, hi, span = steady_state_window(times, elapsed=4.0)
+    assert (hi - lo) / span == pytest.approx(8.0)
+    # evenly spaced completions, 1 every 0.1 s
+    times = [0.1 * k for k in range(1, 41)]
+    lo, hi, span = steady_state_window(times, elapsed=4.0)
+    assert (hi - lo) / span == pytest.approx(10.0)
+    # too few: everything over the elapsed time
+    assert steady_state_window([1.0, 2.0], elapsed=4.0) == (0, 2, 4.0)

@@ -12,6 +12,7 @@ train split and reports R^2 and MAPE on the held-out shapes. Token counts are ta
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import json
 import math
@@ -88,6 +89,23 @@ class SaturationResult:
     @property
     def saturated_rps(self) -> float:
         return self.best.throughput_rps
+
+
+def steady_state_window(finish_times: Sequence[float], elapsed: float) -> tuple[int, int, float]:
+    """(start, end, span) of the steady-state completions in sorted ``finish_times``.
+
+    The completions after the time of the ``n/4``-th and up to the time of the ``3n/4``-th, by time rather
+    than index because a batched engine finishes several requests at the same instant; fewer than 8
+    completions (or no spread) fall back to all of them over ``elapsed``.
+    """
+    n = len(finish_times)
+    if n >= 8:
+        t_lo, t_hi = finish_times[n // 4], finish_times[(3 * n) // 4]
+        if t_hi > t_lo:
+            start = bisect.bisect_right(finish_times, t_lo)
+            end = bisect.bisect_right(finish_times, t_hi)
+            return start, end, t_hi - t_lo
+    return 0, n, elapsed
 
 
 class EngineProbe:
@@ -184,13 +202,8 @@ class EngineProbe:
         elapsed = time.perf_counter() - t0
         n = len(results)
         results.sort(key=lambda r: r[3])
-        window, span = results, elapsed
-        if n >= 8:
-            # by time, not by index: batched engines finish several requests at the same instant
-            t_lo, t_hi = results[n // 4][3], results[(3 * n) // 4][3]
-            inner = [r for r in results if t_lo < r[3] <= t_hi]
-            if inner and t_hi > t_lo:
-                window, span = inner, t_hi - t_lo
+        lo, hi, span = steady_state_window([r[3] for r in results], elapsed)
+        window = results[lo:hi]
         k = len(window)
         return LevelResult(
             concurrency=concurrency,

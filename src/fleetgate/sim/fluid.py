@@ -76,6 +76,7 @@ class Workload:
     output_quantiles: np.ndarray
     cache_hit_rate: float
     name: str
+    arrival_cv2: float = 1.0
 
 
 def _prefill_time(inp: np.ndarray, perf: PerfParams) -> np.ndarray:
@@ -90,6 +91,13 @@ def _costs(profile: CostProfile, inp: np.ndarray, out: np.ndarray) -> np.ndarray
     return np.fromiter(
         (cost(int(i), o) for i, o in zip(inp.tolist(), out.tolist(), strict=True)), float, len(inp)
     )
+
+
+def _cv2(gaps: np.ndarray) -> float:
+    """Squared coefficient of variation of inter-arrival gaps (1 for Poisson)."""
+    if gaps.size < 2 or gaps.mean() <= 0:
+        return 1.0
+    return float(gaps.var() / gaps.mean() ** 2)
 
 
 def workload_from_trace(trace: Trace, profile: CostProfile, perf: PerfParams, step_s: float) -> Workload:
@@ -115,6 +123,7 @@ def workload_from_trace(trace: Trace, profile: CostProfile, perf: PerfParams, st
         np.quantile(out, qs) if out.size else np.zeros(N_QUANTILES),
         0.0,
         trace.name,
+        _cv2(np.diff(t)),
     )
 
 
@@ -165,6 +174,7 @@ def workload_from_rates(
         np.quantile(so, qs),
         0.0,
         table.name,
+        float((var_w * table.window_s).sum() / max(1e-12, float((mean_w * table.window_s).sum()))),
     )
 
 
@@ -242,6 +252,7 @@ class FluidSimulator:
         cum_n: list[float] = [0.0]
         cum_mu: list[float] = [0.0]
         smooth = min(1.0, dt / 30.0)
+        ca2 = w.arrival_cv2
         iter_base = perf.step_overhead_s
         per_seq = perf.decode_s_per_seq
         progress = cfg.progress
@@ -334,7 +345,10 @@ class FluidSimulator:
                 # residual, the decode work riding along the prompt's own iteration, and the backlog that
                 # the free batch slots cannot absorb (a burst first grows the batch: it waits only once
                 # every replica runs max_num_seqs sequences).
-                pk = lam * e_pf2 / (2.0 * (1.0 - rho_p))
+                # Kingman's correction for non-Poisson arrivals: (ca^2 + cs^2) / (1 + cs^2).
+                e_pf = e_pf_tok + iter_base
+                cs2 = max(0.0, e_pf2 / (e_pf * e_pf) - 1.0) if e_pf > 0 else 1.0
+                pk = lam * e_pf2 / (2.0 * (1.0 - rho_p)) * (ca2 + cs2) / (1.0 + cs2)
                 slack = (seqs - decode_batch) * ready * e_mu
                 queued = backlog - slack if backlog > slack else 0.0
                 wait = queued / fleet_rate + pk + 0.5 * step_t + ps_eff * decode_batch

@@ -93,3 +93,14 @@ def sim(
         typer.echo(f"invalid engine settings: {exc}", err=True)
         raise typer.Exit(2) from exc
     run(config)
+
+
+def _mount_real_engines() -> None:
+    """``fleetgate engine llama`` and ``fleetgate engine vllm`` live in engines/realcli.py."""
+    from fleetgate.engines.realcli import llama, vllm
+
+    app.command("llama")(llama)
+    app.command("vllm")(vllm)
+
+
+_mount_real_engines()
