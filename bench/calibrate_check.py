@@ -34,9 +34,15 @@ from typing import Any
 
 import aiohttp
 
-from fleetgate.core.calibrate import default_design
+from fleetgate.core.calibrate import default_design, sweep_design
 from fleetgate.core.units import CostProfile, load_profile
-from fleetgate.engines.calibration import EngineProbe, Shape, calibrate_engine, plot_calibration
+from fleetgate.engines.calibration import (
+    EngineProbe,
+    Shape,
+    calibrate_engine,
+    plot_calibration,
+    process_cpu_seconds,
+)
 
 #: (input tokens, output tokens) shapes of each mix; none of them is a calibration design point.
 MIXES: dict[str, list[tuple[int, int]]] = {
@@ -119,6 +125,29 @@ async def measure_mix(
     }
 
 
+def _busy_clock(args: argparse.Namespace) -> Callable[[], float] | None:
+    if args.engine_pid is None:
+        return None
+    pid = int(args.engine_pid)
+
+    def clock() -> float:
+        return process_cpu_seconds(pid)
+
+    return clock
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def scaled_mixes(scale: float) -> dict[str, list[tuple[int, int]]]:
+    """The mixes with every length scaled (for slow engines); at least 1 token each."""
+    return {
+        name: [(max(round(i * scale), 1), max(round(o * scale), 1)) for i, o in shapes]
+        for name, shapes in MIXES.items()
+    }
+
+
 async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
     report: dict[str, Any] = {
         "engine": engine,
@@ -126,13 +155,20 @@ async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
         "machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''}".strip(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": " ".join(sys.argv),
+        "replica_clock": "wall" if args.engine_pid is None else "engine process CPU time",
     }
     if args.profile:
         profile = load_profile(args.profile)
         report["profile_source"] = args.profile
     else:
         ladder_c = tuple(int(c) for c in args.ladder.split(","))
-        design = [replace(p, concurrencies=ladder_c) for p in default_design(args.quick)]
+        if args.inputs or args.outputs:
+            base = default_design(args.quick)
+            ins = _ints(args.inputs) if args.inputs else sorted({p.input_tokens for p in base})
+            outs = _ints(args.outputs) if args.outputs else sorted({p.output_tokens for p in base})
+            design = sweep_design(ins, outs, ladder_c)
+        else:
+            design = [replace(p, concurrencies=ladder_c) for p in default_design(args.quick)]
         run = await calibrate_engine(
             engine,
             args.model,
@@ -141,6 +177,7 @@ async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
             seed=args.seed,
             progress=not args.quiet,
             requests_per_worker=args.requests_per_worker,
+            busy_clock=_busy_clock(args),
         )
         args.out.parent.mkdir(parents=True, exist_ok=True)
         prof_path = args.out.with_name(args.out.stem + "-profile.json")
@@ -159,13 +196,15 @@ async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
     ladder = [int(c) for c in args.ladder.split(",")]
     results: dict[str, Any] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        probe = EngineProbe(session, engine, args.model)
+        probe = EngineProbe(session, engine, args.model, busy_clock=_busy_clock(args))
         words: dict[int, int] = {}
-        for shapes in MIXES.values():
+        mixes = scaled_mixes(args.mix_scale)
+        report["mix_scale"] = args.mix_scale
+        for shapes in mixes.values():
             for i, _ in shapes:
                 if i not in words:
                     words[i] = await probe.words_for(i)
-        for name, shapes in MIXES.items():
+        for name, shapes in mixes.items():
             res = await measure_mix(probe, shapes, words, ladder, args.requests_per_worker, profile)
             results[name] = res
             if not args.quiet:
@@ -194,6 +233,19 @@ def main(argv: list[str] | None = None) -> int:
         "--ladder", default="1,2,4,8,16,32,64", help="Concurrency ladder (calibration and mixes)."
     )
     ap.add_argument("--requests-per-worker", type=int, default=4)
+    ap.add_argument(
+        "--inputs", default="", help="Calibration input lengths, e.g. 16,128,512 (default: design)."
+    )
+    ap.add_argument(
+        "--outputs", default="", help="Calibration output lengths, e.g. 4,32,96 (default: design)."
+    )
+    ap.add_argument("--mix-scale", type=float, default=1.0, help="Scale the mixes' lengths (slow engines).")
+    ap.add_argument(
+        "--engine-pid",
+        type=int,
+        default=None,
+        help="Measure replica time as this local engine process's CPU time (one-thread CPU engines).",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/calibrate_check.json"))
     ap.add_argument("--quiet", action="store_true")

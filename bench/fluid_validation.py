@@ -13,6 +13,7 @@ from fleetgate.sim.runner import SimOptions, run
 from fleetgate.sim.traces import default_traces_dir
 
 CASES: list[dict[str, Any]] = [
+    {"tenant": "client_148", "duration_s": 1800.0, "replicas": 5},
     {"tenant": "client_91", "duration_s": 3600.0, "replicas": 2},
     {"tenant": "client_143", "duration_s": 3600.0, "replicas": 4},
     {"tenant": "client_143", "duration_s": 7200.0, "replicas": 8, "autoscale": "fleetgate"},
@@ -23,7 +24,7 @@ CASES: list[dict[str, Any]] = [
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="only the first two cases")
+    ap.add_argument("--quick", action="store_true", help="only the first three cases")
     ap.add_argument("--slo", type=float, default=2.0)
     args = ap.parse_args()
     path = str(default_traces_dir() / "servegen" / "rates_language_m-large.csv")
@@ -32,7 +33,7 @@ def main() -> int:
         "| p95 des | p95 fluid | diff | slo des | slo fluid |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for case in CASES[:2] if args.quick else CASES:
+    for case in CASES[:3] if args.quick else CASES:
         out = {}
         for mode in ("des", "fluid"):
             opts = SimOptions(

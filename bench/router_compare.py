@@ -415,7 +415,11 @@ def targets(results: dict[str, dict[str, Any]], ours: str = "fleetgate:fleetgate
     my_p95 = me["ttft_s"]["p95"]
     my_hit = me.get("prefix_cache_hit_rate") or 0.0
     load = me.get("load_max_over_mean_window")
+    external = {k: v["ttft_s"]["p95"] for k, v in others.items() if not k.startswith("fleetgate:")}
+    best_ext = min(external, key=lambda k: external[k]) if external else None
     return {
+        "p95_ratio_vs_best_external": my_p95 / external[best_ext] if best_ext else None,
+        "best_external_p95": [best_ext, external[best_ext]] if best_ext else None,
         "p95_ratio_vs_best": my_p95 / best_p95 if best_p95 else None,
         "best_other_p95": [best_p95_name, best_p95],
         "p95_target_met": bool(best_p95 and my_p95 <= 0.8 * best_p95),
@@ -428,6 +432,16 @@ def targets(results: dict[str, dict[str, Any]], ours: str = "fleetgate:fleetgate
 
 
 # --------------------------------------------------------------------------------------------- main
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
 
 
 def main() -> None:
@@ -522,7 +536,8 @@ def main() -> None:
     ok = {k: v for k, v in results.items() if "failed" not in v}
     meta = {
         "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.node()} {platform.machine()} {ncpu} CPUs, load avg {os.getloadavg()[0]:.1f}",
+        "machine": f"{_cpu_model()}, {ncpu} CPUs, Python {platform.python_version()}",
+        "load_avg_at_end": os.getloadavg()[0],
         "command": " ".join(sys.argv),
         "trace": str(args.trace),
         "requests": len(full),

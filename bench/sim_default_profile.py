@@ -8,7 +8,7 @@ sweep, ``4 x max_num_seqs`` identical requests are queued at once and the steady
 middle half of the completions) gives the replica seconds per request; ``core.calibrate`` fits the profile.
 Deployments of simulated engines at their default settings should use ``cost_profile: fleetgate-sim``.
 
-    .venv/bin/python bench/sim_default_profile.py [--no-write]
+    .venv/bin/python bench/sim_default_profile.py [--no-write] [--max-num-seqs N --mixes]
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 import json
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from fleetgate.core.calibrate import Measurement, fit_cost_profile, sweep_design
@@ -27,10 +28,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def saturated_seconds(params: PerfParams, input_tokens: int, output_tokens: int) -> float:
     """Replica seconds per request of one shape when the engine is kept saturated."""
-    n = 4 * params.max_num_seqs
+    return saturated_mix_seconds(params, [(input_tokens, output_tokens)])
+
+
+def saturated_mix_seconds(params: PerfParams, shapes: list[tuple[int, int]]) -> float:
+    """Replica seconds per request of a mix (shapes cycled) when the engine is kept saturated."""
+    n = 4 * params.max_num_seqs * len(shapes)
     model = EngineModel(params)
     for k in range(n):
-        model.submit(EngineRequest(f"r{k}", input_tokens, output_tokens), 0.0)
+        i, o = shapes[k % len(shapes)]
+        model.submit(EngineRequest(f"r{k}", i, o), 0.0)
     finished: list[float] = []
     while (t := model.next_event_time()) is not None:
         finished.extend(model.advance(t).finished.values())
@@ -46,8 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=ROOT / "src" / "fleetgate" / "profiles" / "fleetgate-sim.json"
     )
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="Override the batch size.")
+    ap.add_argument(
+        "--mixes", action="store_true", help="Also predict bench/calibrate_check.py's mixes vs the model."
+    )
     args = ap.parse_args(argv)
     params = PerfParams()
+    if args.max_num_seqs is not None:
+        params = replace(params, max_num_seqs=args.max_num_seqs)
     design = sweep_design([16, 128, 512, 1024, 2048, 4096], [4, 32, 96, 256, 512], [params.max_num_seqs])
     ms = [
         Measurement(
@@ -81,6 +94,17 @@ def main(argv: list[str] | None = None) -> int:
         f"epsilon={p.epsilon:.6g}"
     )
     print(f"held-out R^2={cal.r2_holdout:.4f} MAPE={cal.mape_holdout:.2%} (train MAPE={cal.mape_train:.2%})")
+    if args.mixes:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from calibrate_check import MIXES
+
+        for name, shapes in MIXES.items():
+            measured = 60.0 / saturated_mix_seconds(params, shapes)
+            predicted = p.saturated_requests_per_min(sum(p.cost(i, o) for i, o in shapes) / len(shapes))
+            print(
+                f"{name:<14} predicted {predicted:8.1f} req/min  model {measured:8.1f}"
+                f"  {predicted / measured - 1:+.1%}"
+            )
     if not args.no_write:
         data = p.to_dict() | {"measurements": [m.as_dict() for m in ms]}
         args.out.write_text(json.dumps(data, indent=2) + "\n")

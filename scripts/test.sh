@@ -32,4 +32,14 @@ start_test_redis() {
   echo "redis-server did not start; Redis tests will be skipped" >&2
 }
 if [ -z "${FLEETGATE_TEST_REDIS_URL:-}" ]; then start_test_redis; fi
+
+# --- headless Chromium for the /ui screenshot test (tests/integration/test_ui_screenshot.py skips without it).
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${FLEETGATE_SKIP_CHROMIUM:-}" ]; then
+  echo "chromium not found: installing it with apt-get (set FLEETGATE_SKIP_CHROMIUM=1 to skip)" >&2
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
+  { $SUDO apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 \
+    || { $SUDO apt-get update >/dev/null 2>&1 \
+         && $SUDO apt-get install -y --no-install-recommends chromium >/dev/null 2>&1; }; } \
+    || echo "could not install chromium; the UI screenshot test will be skipped" >&2
+fi
 "$BIN/python" -m pytest -q -p no:cacheprovider "$@"

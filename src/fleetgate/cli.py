@@ -74,11 +74,14 @@ def calibrate(
     out: Annotated[Path, typer.Option(help="Where to write the cost profile JSON.")],
     plot: Annotated[Path | None, typer.Option(help="PNG of predicted vs measured.")] = None,
     quick: Annotated[bool, typer.Option(help="A smaller sweep (for tests and demos).")] = False,
+    engine_pid: Annotated[
+        int | None, typer.Option(help="Local engine process: measure replica time as its CPU time.")
+    ] = None,
 ) -> None:
     """Fit a model-unit cost profile by a designed sweep against a live engine."""
     from fleetgate.engines.calibration import run_calibration
 
-    run_calibration(engine=engine, model=model, out=out, plot=plot, quick=quick)
+    run_calibration(engine=engine, model=model, out=out, plot=plot, quick=quick, engine_pid=engine_pid)
 
 
 def main() -> None:

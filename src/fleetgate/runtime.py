@@ -108,7 +108,11 @@ def build_gateway(
         if isinstance(gate, AdmissionService):
             add_admin_routes(app, gate)  # /admin/tenants, /admin/usage, /admin/capacity
     scraper = MetricsScraper(client, interval_s=gw.scrape_interval_s, timeout_s=gw.scrape_timeout_s, rng=rng)
-    return GatewayServer(config=gw, app=app, proxy=proxy, fleet=fleet, client=client, scraper=scraper)
+    server = GatewayServer(config=gw, app=app, proxy=proxy, fleet=fleet, client=client, scraper=scraper)
+    from fleetgate.ops.web import attach_ops
+
+    attach_ops(server, cfg.ops)  # SLO window + gauges, /admin/status, /ui, request ids in log lines
+    return server
 
 
 def attach_health(server: GatewayServer, remediators: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -277,6 +281,9 @@ async def serve(cfg: FleetgateConfig) -> None:
 
 def run_serve(cfg: FleetgateConfig) -> None:
     """``fleetgate serve``."""
+    from fleetgate.ops.logging import setup_logging
+
+    setup_logging(cfg.ops.log_level, cfg.ops.log_format)
     _run(serve(cfg))
 
 
@@ -350,6 +357,9 @@ def run_up(
     cfg: FleetgateConfig, *, replicas: int = 2, port: int = 8080, model: str = "fleetgate-sim"
 ) -> None:
     """``fleetgate up``."""
+    from fleetgate.ops.logging import setup_logging
+
+    setup_logging(cfg.ops.log_level, cfg.ops.log_format)
     try:
         _run(up(cfg, replicas=replicas, port=port, model=model))
     except KeyboardInterrupt:  # pragma: no cover - a second Ctrl-C during shutdown

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 from collections.abc import Iterator
 
@@ -11,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from fleetgate.multimodal.image import ImageError, ImageResult, ImageSpec, process_image
+from fleetgate.multimodal.image import ImageError, ImageResult, ImageSpec, process_image, vips_module
 from fleetgate.multimodal.pool import WorkerCrashedError, WorkerPool
 
 SPEC = ImageSpec(max_edge=64, max_pixels=4_000_000, max_bytes=1_000_000)
@@ -48,11 +49,14 @@ def mutated_images(draw: st.DrawFn) -> bytes:
 payloads = st.one_of(st.binary(max_size=2048), mutated_images())
 
 
+BACKENDS = ["pillow", "vips"] if vips_module() is not None else ["pillow"]
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(payloads)
-def test_in_process_only_image_errors(data: bytes) -> None:
+@given(payloads, st.sampled_from(BACKENDS))
+def test_in_process_only_image_errors(data: bytes, backend: str) -> None:
     try:
-        result = process_image(data, SPEC)
+        result = process_image(data, dataclasses.replace(SPEC, backend=backend))
     except ImageError as exc:
         assert str(exc)
     else:

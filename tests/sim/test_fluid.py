@@ -18,10 +18,10 @@ from fleetgate.sim.traces import LognormalLengths, load_rate_table
 def test_fluid_matches_des_on_a_servegen_tenant(servegen_path: Path) -> None:
     base = dict(
         trace=str(servegen_path),
-        tenant="client_91",
-        duration_s=3600.0,
+        tenant="client_148",
+        duration_s=1800.0,
         policy="least_requests",
-        replicas=2,
+        replicas=5,
         seed=1,
         slo_ttft_p95_s=2.0,
     )

@@ -184,3 +184,26 @@ def test_steady_state_window_handles_batched_completions() -> None:
     assert (hi - lo) / span == pytest.approx(10.0)
     # too few: everything over the elapsed time
     assert steady_state_window([1.0, 2.0], elapsed=4.0) == (0, 2, 4.0)
+
+
+def test_process_cpu_seconds_counts_own_work() -> None:
+    import os
+
+    from fleetgate.engines.calibration import process_cpu_seconds
+
+    before = process_cpu_seconds(os.getpid())
+    x = 0
+    for k in range(3_000_000):
+        x += k * k
+    assert x > 0
+    assert process_cpu_seconds(os.getpid()) > before
+
+
+def test_busy_clock_interpolation() -> None:
+    from fleetgate.engines.calibration import _interpolate
+
+    samples = [(0.0, 0.0), (1.0, 0.5), (2.0, 1.5)]
+    assert _interpolate(samples, 0.5) == pytest.approx(0.25)
+    assert _interpolate(samples, 1.5) == pytest.approx(1.0)
+    assert _interpolate(samples, -1.0) == 0.0
+    assert _interpolate(samples, 9.0) == 1.5

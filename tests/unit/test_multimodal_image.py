@@ -81,6 +81,7 @@ def test_auto_backend_uses_vips_only_for_jpeg() -> None:
     assert _use_vips(ImageSpec(backend="auto"), "JPEG") is HAS_VIPS
     assert not _use_vips(ImageSpec(backend="auto"), "PNG")
     assert not _use_vips(ImageSpec(backend="pillow"), "JPEG")
+    assert not _use_vips(ImageSpec(), "JPEG")  # Pillow by default
     assert not _use_vips(ImageSpec(output_format="original"), "JPEG")
 
 

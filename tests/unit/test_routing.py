@@ -262,3 +262,31 @@ def test_routable_filter_panic_mode_ignores_detector_only() -> None:
     assert [r.name for r in f.filter(REQ, fleet(1), ctx(now=2.0))] == ["r0"]
     # ... but exclude, health and draining are never overridden.
     assert f.filter(REQ, fleet(1), ctx(now=2.0, exclude=["r0"])) == []
+
+
+def test_scorer_plugins_by_name_from_config() -> None:
+    replicas = [
+        ReplicaSnapshot("a", inflight_requests=0, engine_kv_usage=0.95),
+        ReplicaSnapshot("b", inflight_requests=3, engine_kv_usage=0.10),
+    ]
+    plain = build_policy("least_requests")
+    assert plain.pick(REQ, replicas, 0.0, random.Random(0)).replica == "a"
+    kv = build_policy("least_requests", {"scorers": {"inflight_requests": 1.0, "kv_usage": 2.0}})
+    d = kv.pick(REQ, replicas, 0.0, random.Random(0))
+    assert d.replica == "b"
+    assert d.scores == {"inflight_requests": 0.0, "kv_usage": pytest.approx(0.9)}
+    with pytest.raises(ValueError, match="unknown scorer"):
+        build_policy("p2c", {"scorers": {"vibes": 1.0}})
+    with pytest.raises(ValueError, match="positive weight"):
+        build_policy("p2c", {"scorers": {"queue_length": 0.0}})
+
+
+def test_kv_usage_scorer_treats_unknown_as_neutral() -> None:
+    from fleetgate.core.routing.scorers import KvUsageScorer
+
+    replicas = [
+        ReplicaSnapshot("a", engine_kv_usage=0.2),
+        ReplicaSnapshot("b"),
+        ReplicaSnapshot("c", engine_kv_usage=1.3),
+    ]
+    assert KvUsageScorer().score(REQ, replicas, ctx()) == [pytest.approx(0.8), 0.5, 0.0]

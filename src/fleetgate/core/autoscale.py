@@ -60,6 +60,7 @@ class AutoscalePolicy:
     scale_up_cooldown_s: float = 120.0
     scale_down_interval_s: float = 30.0
     scale_down_max_step: int = 1
+    scale_down_max_fraction: float = 0.1
     forecast_horizon_s: float = 0.0
     headroom_beta: float = 0.0
 
@@ -82,6 +83,8 @@ class AutoscalePolicy:
             raise ValueError("max_scale_up_rate must be >= 1")
         if self.scale_down_max_step < 1:
             raise ValueError("scale_down_max_step must be >= 1")
+        if not 0.0 <= self.scale_down_max_fraction <= 1.0:
+            raise ValueError("scale_down_max_fraction must be in [0, 1]")
         for name in (
             "scale_down_delay_s",
             "scale_up_cooldown_s",
@@ -310,7 +313,8 @@ def decide(ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
         elif in_cooldown(now, max(last_down, last_up), p.scale_down_interval_s):
             reason = "hold_rate"
         else:
-            desired = limit_scale_down(current, max(raw, delayed), max_step=p.scale_down_max_step)
+            step = max(p.scale_down_max_step, math.floor(current * p.scale_down_max_fraction))
+            desired = limit_scale_down(current, max(raw, delayed), max_step=step)
             reason = "scale_down"
     desired = apply_bounds(desired, p.min_replicas, p.max_replicas)
     if desired > current:

@@ -62,6 +62,8 @@ class LevelResult:
     mean_latency_s: float
     mean_prompt_tokens: float
     mean_completion_tokens: float
+    wall_throughput_rps: float = 0.0
+    busy_s: float | None = None
     usages: list[tuple[int, int]] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
@@ -73,7 +75,30 @@ class LevelResult:
             "mean_latency_s": self.mean_latency_s,
             "mean_prompt_tokens": self.mean_prompt_tokens,
             "mean_completion_tokens": self.mean_completion_tokens,
+            "wall_throughput_rps": self.wall_throughput_rps,
+            "busy_s": self.busy_s,
         }
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) the process ``pid`` has used so far (Linux ``/proc``)."""
+    import os
+
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _interpolate(samples: Sequence[tuple[float, float]], t: float) -> float:
+    times = [x for x, _ in samples]
+    j = bisect.bisect_left(times, t)
+    if j <= 0:
+        return samples[0][1]
+    if j >= len(samples):
+        return samples[-1][1]
+    (t0, v0), (t1, v1) = samples[j - 1], samples[j]
+    return v0 if t1 <= t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
 
 
 @dataclass
@@ -120,7 +145,13 @@ class EngineProbe:
         api_key: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
         request_timeout_s: float = 300.0,
+        busy_clock: Callable[[], float] | None = None,
+        busy_sample_s: float = 0.02,
     ) -> None:
+        """``busy_clock``: cumulative seconds the replica has been busy (e.g. its process CPU time); when
+        given, replica time is measured on it instead of the wall clock (robust on a shared machine)."""
+        self.busy_clock = busy_clock
+        self.busy_sample_s = busy_sample_s
         self.session = session
         self.url = engine.rstrip("/") + "/v1/chat/completions"
         self.model = model
@@ -192,24 +223,49 @@ class EngineProbe:
                 p, c, lat = await self.send(shapes(i))
                 results.append((p, c, lat, time.perf_counter()))
 
+        samples: list[tuple[float, float]] = []
+        clock = self.busy_clock
+
+        async def sampler() -> None:
+            assert clock is not None
+            while True:
+                samples.append((time.perf_counter(), clock()))
+                await asyncio.sleep(self.busy_sample_s)
+
         t0 = time.perf_counter()
+        sampling = asyncio.create_task(sampler()) if clock is not None else None
         try:
             async with asyncio.TaskGroup() as tg:  # one failure cancels the other workers
                 for _ in range(concurrency):
                     tg.create_task(worker())
         except* CalibrationError as group:
             raise group.exceptions[0] from None
+        finally:
+            if sampling is not None:
+                sampling.cancel()
         elapsed = time.perf_counter() - t0
+        if clock is not None:
+            samples.append((time.perf_counter(), clock()))
         n = len(results)
         results.sort(key=lambda r: r[3])
         lo, hi, span = steady_state_window([r[3] for r in results], elapsed)
         window = results[lo:hi]
         k = len(window)
+        wall_rps = k / span if span > 0 else math.inf
+        busy: float | None = None
+        if clock is not None and samples:
+            if hi - lo == n:  # no steady-state window: the whole run
+                busy = samples[-1][1] - samples[0][1]
+            else:
+                t_lo, t_hi = results[lo - 1][3], results[hi - 1][3]
+                busy = _interpolate(samples, t_hi) - _interpolate(samples, t_lo)
         return LevelResult(
             concurrency=concurrency,
             requests=n,
             elapsed_s=elapsed,
-            throughput_rps=k / span if span > 0 else math.inf,
+            throughput_rps=k / busy if busy is not None and busy > 0 else wall_rps,
+            wall_throughput_rps=wall_rps,
+            busy_s=busy,
             mean_latency_s=sum(r[2] for r in window) / k,
             mean_prompt_tokens=sum(r[0] for r in results) / n,
             mean_completion_tokens=sum(r[1] for r in results) / n,
@@ -263,6 +319,7 @@ class CalibrationRun:
     calibration: Calibration
     measurements: list[Measurement]
     ladders: list[dict[str, Any]]
+    replica_clock: str = "wall"
 
     def to_json(self, engine: str, model: str, quick: bool) -> dict[str, Any]:
         cal = self.calibration
@@ -277,6 +334,7 @@ class CalibrationRun:
                 "requested_model": model,
                 "quick": quick,
                 "method": "closed-loop saturation per shape; replica_seconds = 1 / saturated req/s; NNLS",
+                "replica_clock": self.replica_clock,
                 "holdout_indices": cal.holdout,
                 "measurements": [m.as_dict() for m in self.measurements],
                 "ladders": self.ladders,
@@ -298,8 +356,13 @@ async def calibrate_engine(
     requests_per_worker: int | None = None,
     progress: bool = True,
     name: str | None = None,
+    busy_clock: Callable[[], float] | None = None,
 ) -> CalibrationRun:
-    """Run the sweep against ``engine`` and fit the profile (see the module docstring)."""
+    """Run the sweep against ``engine`` and fit the profile (see the module docstring).
+
+    ``busy_clock`` (e.g. ``lambda: process_cpu_seconds(pid)`` for a local one-thread CPU engine) measures
+    replica time on the replica's own busy seconds instead of the wall clock.
+    """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     points = list(design) if design is not None else default_design(quick)
@@ -308,7 +371,9 @@ async def calibrate_engine(
     ladders: list[dict[str, Any]] = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        probe = EngineProbe(session, engine, model, api_key=api_key, extra_body=extra_body)
+        probe = EngineProbe(
+            session, engine, model, api_key=api_key, extra_body=extra_body, busy_clock=busy_clock
+        )
         with Progress(
             TextColumn("[bold]calibrate[/] {task.description}"),
             BarColumn(),
@@ -363,7 +428,12 @@ async def calibrate_engine(
         engine=engine,
         capacity_mu_per_min=capacity_mu_per_min,
     )
-    return CalibrationRun(calibration=cal, measurements=measurements, ladders=ladders)
+    return CalibrationRun(
+        calibration=cal,
+        measurements=measurements,
+        ladders=ladders,
+        replica_clock="wall" if busy_clock is None else "busy (engine process CPU time)",
+    )
 
 
 def plot_calibration(run: CalibrationRun, path: Path, title: str = "") -> None:
@@ -397,12 +467,30 @@ def plot_calibration(run: CalibrationRun, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def run_calibration(engine: str, model: str, out: Path, plot: Path | None, quick: bool) -> None:
-    """The ``fleetgate calibrate`` command: sweep, fit, write JSON (and PNG), print the fit quality."""
+def run_calibration(
+    engine: str, model: str, out: Path, plot: Path | None, quick: bool, engine_pid: int | None = None
+) -> None:
+    """The ``fleetgate calibrate`` command: sweep, fit, write JSON (and PNG), print the fit quality.
+
+    ``engine_pid``: a local engine process whose CPU time is the replica time (one-thread CPU engines on a
+    shared machine); by default the wall clock.
+    """
     import typer
 
+    clock: Callable[[], float] | None = None
+    if engine_pid is not None:
+        pid = engine_pid
+        try:
+            process_cpu_seconds(pid)
+        except OSError as exc:
+            typer.echo(f"calibration failed: cannot read CPU time of process {pid}: {exc}", err=True)
+            raise typer.Exit(1) from exc
+
+        def clock() -> float:
+            return process_cpu_seconds(pid)
+
     try:
-        run = asyncio.run(calibrate_engine(engine, model, quick=quick))
+        run = asyncio.run(calibrate_engine(engine, model, quick=quick, busy_clock=clock))
     except CalibrationError as exc:
         typer.echo(f"calibration failed: {exc}", err=True)
         raise typer.Exit(1) from exc

@@ -95,6 +95,10 @@ class _Call:
     start: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)  # from admission (x-ratelimit-*)
     attempts: list[str] = field(default_factory=list)
+    request_id: str = ""  # for fleetgate.ops (SLO window, access log)
+    tenant: str = ""
+    ttft_s: float | None = None
+    mu: float | None = None  # settled model units
 
 
 class Proxy:
@@ -125,6 +129,8 @@ class Proxy:
         self.listeners: list[ResultListener] = []
         #: model -> demand meter, told when an admitted request starts and when it is settled/released
         self.demand: dict[str, DemandSink] = {}
+        #: ``fleetgate.ops.web.Ops`` (SLO window + access log), told about every finished request
+        self.slo: Any = None
         self.shutting_down = False
         self.active = 0
         self._idle = asyncio.Event()
@@ -152,12 +158,13 @@ class Proxy:
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         start = self.clock()
         request_id: str = request["request_id"]
-        call = _Call(start=start)
+        call = _Call(start=start, request_id=request_id)
         deployment: Deployment | None = None
         self.active += 1
         self._idle.clear()
         try:
             tenant = self.admission.authenticate(request.headers.get("Authorization"))
+            call.tenant = tenant_name(tenant)
             parsed = parse_request(load_json_body(await self._read_body(request)), endpoint)
             deployment = self.fleet.get(parsed.model)
             image_tokens = 0
@@ -381,7 +388,8 @@ class Proxy:
             if not content.at_eof():
                 await response.write(first)
                 tail = b""
-            self.metrics.replica(deployment.model, replica.name).ttft.observe(self.clock() - call.start)
+            call.ttft_s = self.clock() - call.start
+            self.metrics.replica(deployment.model, replica.name).ttft.observe(call.ttft_s)
             try:
                 if not tail and not content.at_eof():
                     tail = await self._relay(response, content, tracker, idle)
@@ -452,9 +460,13 @@ class Proxy:
     async def _finish_admission(
         self, ticket: Any, tenant: Any, deployment: Deployment, info: RequestInfo, call: _Call
     ) -> None:
-        """Settle what ran (real cost from usage, else an estimate from what streamed) or release."""
+        """Settle what ran (real cost from usage, else an estimate from what streamed) or release.
+
+        A client that leaves while an engine already works on its request is charged what is known to have
+        run (the prompt), so disconnecting just before the answer does not make a request free.
+        """
         meter = self.demand.get(deployment.model)
-        if not call.ran:
+        if not call.ran and not (call.client_gone and call.attempts):
             self.admission.release(ticket)
             if meter is not None:
                 meter.finish(info.cost_mu, 0.0, self.clock())
@@ -467,6 +479,7 @@ class Proxy:
                 image_tokens=info.image_tokens,
             )
         actual = deployment.profile.settle(usage)
+        call.mu = actual
         if meter is not None:
             meter.finish(info.cost_mu, actual, self.clock())
         if call.usage is not None:
@@ -489,6 +502,21 @@ class Proxy:
             if call.usage is not None:
                 children.prompt_tokens.inc(call.usage.prompt_tokens)
                 children.generation_tokens.inc(call.usage.completion_tokens)
+        if self.slo is not None:
+            self.slo.observe(
+                request_id=call.request_id,
+                tenant=call.tenant,
+                deployment=dep,
+                replica=rep,
+                endpoint=endpoint,
+                status=call.status,
+                start=start,
+                end=self.clock(),
+                ttft_s=call.ttft_s,
+                output_tokens=None if call.usage is None else call.usage.completion_tokens,
+                mu=call.mu,
+                error_kind=call.error_kind,
+            )
 
 
 class _RelayResponse(web.StreamResponse):

@@ -1,10 +1,11 @@
 """Decode, validate, resize and re-encode one image (runs inside a worker process; pure CPU, no I/O).
 
 Checks first, always with Pillow reading only the header: format allow-list, and the pixel count, so a
-decompression bomb is refused before a single pixel is decoded. Then the fastest measured path (see
-docs/benchmarks.md): JPEG through libvips' shrink-on-load ``thumbnail`` when pyvips is installed; otherwise
-(and for PNG/WebP/GIF/BMP) Pillow's ``thumbnail``, which lets the JPEG decoder scale by 1/2..1/8 while
-decoding (``draft``), ``reduce``s other formats by whole factors, and finishes with one bicubic resample.
+decompression bomb is refused before a single pixel is decoded. Then the path chosen by measurement (see
+docs/benchmarks.md): Pillow's ``thumbnail``, which lets the JPEG decoder scale by 1/2..1/8 while decoding
+(``draft``), ``reduce``s other formats by whole factors, and finishes with one bicubic resample; 4x faster
+than a full decode + Lanczos on a 1920x1440 photo, on par with libvips' shrink-on-load ``thumbnail`` (used
+for JPEG with ``backend: vips|auto`` when pyvips is installed) and OpenCV's reduced decode.
 ``process_naive`` is the textbook version (full decode, one Lanczos resize), the benchmark baseline.
 """
 
@@ -42,7 +43,7 @@ class ImageSpec:
     max_pixels: int = 40_000_000
     max_bytes: int = 10 * 1024 * 1024
     allowed_formats: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
-    backend: str = "auto"  # auto (pyvips for JPEG when installed, else Pillow) | pillow | vips
+    backend: str = "pillow"  # pillow | vips | auto (vips and auto: pyvips for JPEG when installed)
 
 
 _VIPS: Any = None
@@ -62,8 +63,9 @@ def vips_module() -> Any:
 
 
 def _use_vips(spec: ImageSpec, source_format: str) -> bool:
-    """pyvips only decodes JPEG here: measured 1.5-2.5x faster than Pillow's draft path on photos, and its
-    JPEG loader reports truncation (``fail_on``); its PNG loader let a truncated file through in tests."""
+    """pyvips only ever decodes JPEG here (its loader reports truncation with ``fail_on``; its PNG loader
+    let a truncated file through in tests). Measured on par with Pillow's draft path (docs/benchmarks.md),
+    so it is opt-in."""
     if spec.backend == "pillow" or source_format != "JPEG" or spec.output_format == "original":
         return False
     return vips_module() is not None

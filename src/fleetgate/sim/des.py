@@ -435,9 +435,13 @@ class Simulator:
         e2e = (self._done - arrival)[done_mask]
         end = float(np.nanmax(self._done)) if done_mask.any() else 0.0
         end = max(end, float(arrival[-1]) if arrival.size else 0.0)
+        # Billing stops at the trace horizon (the last arrival, or the rate table's end): draining the last
+        # requests after it is not billed, so both modes and any horizon compare like for like.
+        last = float(arrival[-1]) if arrival.size else 0.0
+        horizon = float(self.trace.meta.get("horizon_s", last) or last)  # type: ignore[arg-type]
         rep_seconds = 0.0
         for r in self.replicas:
-            stop = r.stopped_s if r.stopped_s is not None else end
+            stop = min(r.stopped_s if r.stopped_s is not None else end, horizon)
             rep_seconds += max(0.0, stop - r.provisioned_s)
         window_load = self._window_load(end)
         mx, med = M.load_imbalance(window_load)

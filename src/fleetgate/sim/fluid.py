@@ -253,6 +253,8 @@ class FluidSimulator:
         cum_mu: list[float] = [0.0]
         smooth = min(1.0, dt / 30.0)
         ca2 = w.arrival_cv2
+        q_pref = 0.0  # prefill seconds per replica carried over from earlier steps
+        chunk_s = (perf.max_num_batched_tokens or 8192) * perf.prefill_s_per_token
         iter_base = perf.step_overhead_s
         per_seq = perf.decode_s_per_seq
         progress = cfg.progress
@@ -351,7 +353,11 @@ class FluidSimulator:
                 pk = lam * e_pf2 / (2.0 * (1.0 - rho_p)) * (ca2 + cs2) / (1.0 + cs2)
                 slack = (seqs - decode_batch) * ready * e_mu
                 queued = backlog - slack if backlog > slack else 0.0
-                wait = queued / fleet_rate + pk + 0.5 * step_t + ps_eff * decode_batch
+                # Prompt work beyond what a replica can prefill in this step (bursts) waits for the next.
+                # (During a burst every iteration carries a full prefill chunk plus the running decodes.)
+                prefill_share = chunk_s / (chunk_s + step_t)
+                wait = q_pref + queued / fleet_rate + pk + 0.5 * step_t + ps_eff * decode_batch
+                q_pref = max(0.0, q_pref + in_arr[i] * a_p / ready - dt * prefill_share)
                 # Decoders share iterations with prompt chunks: a token takes step_t / (1 - rho_p).
                 e2e = wait + e_pf_tok + e_out * step_t / (1.0 - rho_p)
             else:

@@ -399,7 +399,8 @@ def generate_from_rates(
         TraceRequest(float(a), int(i), int(o), tenant=names[w], block_tokens=16)
         for a, i, o, w in zip(t.tolist(), inp.tolist(), out.tolist(), who.tolist(), strict=True)
     ]
-    return Trace(table.name, reqs, "servegen", {"median_cv": median_cv, "lengths": lengths.name})
+    meta: dict[str, object] = {"median_cv": median_cv, "lengths": lengths.name, "horizon_s": table.duration_s}
+    return Trace(table.name, reqs, "servegen", meta)
 
 
 # --------------------------------------------------------------------------------------------- synthetic

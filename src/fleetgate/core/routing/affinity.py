@@ -16,17 +16,21 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Container, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fleetgate.core.routing.keys import str_hash64
 
 
 @dataclass(slots=True)
 class KeyState:
-    """One key's subset (preference order: ring order) and when it was last seen."""
+    """One key's subset (preference order: ring order), its rank map, and when it was last seen."""
 
     subset: list[str]
     last_seen: float
+    rank: dict[str, int] = field(default_factory=dict)
+
+    def reindex(self) -> None:
+        self.rank = {name: i for i, name in enumerate(self.subset)}
 
 
 class BoundedLoadAffinity:
@@ -146,6 +150,7 @@ class BoundedLoadAffinity:
             old.last_seen = now
             return old
         state = self.keys[key] = KeyState(list(subset), now)
+        state.reindex()
         for name in subset:
             self._add_slot(key, name)
         return state
@@ -156,11 +161,13 @@ class BoundedLoadAffinity:
         for name in extra:
             state.subset.append(name)
             self._add_slot(key, name)
+        state.reindex()
 
     def shrink(self, key: int) -> None:
         state = self.keys[key]
         name = state.subset.pop()
         self._remove_slot(key, name)
+        state.reindex()
 
     def replace(self, key: int, old: str, new: str) -> None:
         """Move one slot of ``key`` from ``old`` to ``new`` (rebalancing)."""
@@ -168,12 +175,14 @@ class BoundedLoadAffinity:
         state.subset[state.subset.index(old)] = new
         self._remove_slot(key, old)
         self._add_slot(key, new)
+        state.reindex()
         self.moves += 1
 
     def drop_member(self, key: int, name: str) -> None:
         state = self.keys[key]
         state.subset.remove(name)
         self._remove_slot(key, name)
+        state.reindex()
 
     def forget(self, key: int) -> None:
         state = self.keys.pop(key)

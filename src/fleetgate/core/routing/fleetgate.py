@@ -73,7 +73,7 @@ class FleetgatePolicy:
         load_signal: str = "ewma",
         load_bound: float = 1.15,
         guard_min_util: float = 0.05,
-        rebalance_band: float = 0.15,
+        rebalance_band: float = 0.3,
         rebalance_interval_s: float = 10.0,
         max_moves: int = 64,
         key_ttl_s: float = 600.0,
@@ -134,8 +134,10 @@ class FleetgatePolicy:
         self._pending: dict[int, list[str]] = {}
         self._finish: dict[str, float] = {}
         self._charged: dict[str, float] = {}
-        self._memo: tuple[str, str, float, float] = ("", "", 0.0, 1.0)
-        self._last_key: tuple[str, int] = ("", 0)
+        # (request object, replica, prefill MU given its expected cache, MU/s) of the last pick.
+        self._memo: tuple[RequestInfo | None, str, float, float] = (None, "", 0.0, 1.0)
+        self._last_req: RequestInfo | None = None
+        self._last_key = 0
         self._cands: list[ReplicaSnapshot] = []
         self._replicas: Sequence[ReplicaSnapshot] = ()
         self._cap_rate = 100.0 / 60.0
@@ -162,10 +164,11 @@ class FleetgatePolicy:
         return request.cost_mu * absolute / whole if whole > 0 else 0.0
 
     def _key(self, request: RequestInfo) -> int:
-        if self._last_key[0] == request.request_id and request.request_id:
-            return self._last_key[1]
+        """The request's workload key (memoised for the pick -> on_dispatch pair of one request object)."""
+        if self._last_req is request:
+            return self._last_key
         k = self.key_fn(request)
-        self._last_key = (request.request_id, k)
+        self._last_req, self._last_key = request, k
         return k
 
     # -- pick ----------------------------------------------------------------------------------------
@@ -188,13 +191,14 @@ class FleetgatePolicy:
         n = len(cands)
         if n == 1:
             only = cands[0]
-            self._memo = (request.request_id, only.name, self.prefill_mu(request), _cap(only))
+            self._memo = (request, only.name, self.prefill_mu(request), _cap(only))
             return RouteDecision(only.name, reason="fleetgate:only")
         aff = self.affinity
         key = self._key(request)
         state = aff.keys.get(key)
         if state is not None:
             subset = state.subset
+            rank_of = state.rank
         else:
             pend = self._pending.get(key)
             if pend is None:
@@ -205,6 +209,7 @@ class FleetgatePolicy:
                     self._pending.clear()
                 self._pending[key] = pend
             subset = pend
+            rank_of = {name: i for i, name in enumerate(pend)}
 
         hashes = request.prefix_hashes
         depths = self.index.match_depths(hashes) if hashes and self.index is not None else None
@@ -245,9 +250,8 @@ class FleetgatePolicy:
             best_v = sub_v = _INF
             deep_d = 0
             sub_rank = 1 << 30
-            i = -1
-            for r, v in zip(cands, rates, strict=True):
-                i += 1
+            for i, r in enumerate(cands):
+                v = rates[i]
                 name = r.name
                 cap = r.capacity_mu_per_min / 60.0
                 if cap <= 0.0:
@@ -283,13 +287,12 @@ class FleetgatePolicy:
                     d
                     and sticky
                     and (d > deep_d or (d == deep_d and t < deep_t))
-                    and (not hot or name in subset)
+                    and (not hot or name in rank_of)
                 ):
                     deep_i, deep_d, deep_t = i, d, t
-                if name in subset:
-                    rank = subset.index(name)
-                    if t < sub_t or (t == sub_t and (v, rank) < (sub_v, sub_rank)):
-                        sub_i, sub_t, sub_v, sub_rank = i, t, v, rank
+                rank = rank_of.get(name)
+                if rank is not None and (t < sub_t or (t == sub_t and (v, rank) < (sub_v, sub_rank))):
+                    sub_i, sub_t, sub_v, sub_rank = i, t, v, rank
             if best_i >= 0:
                 break
             self.guarded += 1
@@ -306,7 +309,7 @@ class FleetgatePolicy:
         name = rep.name
         cached_blocks = depths.get(name, 0) if depths else 0
         cached = min(cached_blocks * bt, inp)
-        self._memo = (request.request_id, name, full - save_per_token * cached, _cap(rep))
+        self._memo = (request, name, full - save_per_token * cached, _cap(rep))
         return RouteDecision(
             name,
             {"est_ttft_s": t, "cached_blocks": float(cached_blocks), "subset_size": float(len(subset))},
@@ -323,7 +326,7 @@ class FleetgatePolicy:
             self.index.insert(replica, request.prefix_hashes)
         full = self.prefill_mu(request)
         memo = self._memo
-        if memo[0] == request.request_id and memo[1] == replica:
+        if memo[0] is request and memo[1] == replica:
             pre, cap = memo[2], memo[3]
         else:
             pre, cap = full, self._cap_rate

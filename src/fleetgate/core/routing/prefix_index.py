@@ -70,14 +70,16 @@ class PrefixIndex:
             s = holders.get(h)
             if not s:
                 break
-            if alive is None:
-                alive = {r for r in s if among is None or r in among}
-            else:
-                alive &= s
-            if not alive:
+            # The holder set itself may serve as the first level: ``&`` below always builds a new set.
+            nxt = (s if among is None else {r for r in s if r in among}) if alive is None else alive & s
+            if not nxt:
                 break
-            for r in alive:
-                depths[r] = k
+            if len(nxt) > 8:
+                depths.update(dict.fromkeys(nxt, k))  # a shared root held everywhere: C-level fill
+            else:
+                for r in nxt:
+                    depths[r] = k
+            alive = nxt
         return depths
 
     def longest_match(

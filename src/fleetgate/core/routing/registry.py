@@ -15,10 +15,34 @@ from fleetgate.core.routing.base import RoutingPolicy
 from fleetgate.core.routing.filters import RandomSampleFilter, RoutableFilter
 from fleetgate.core.routing.outlier import OutlierConfig, OutlierDetector
 from fleetgate.core.routing.pickers import MaxScorePicker, RandomPicker, RoundRobinPicker
-from fleetgate.core.routing.pipeline import PipelinePolicy
-from fleetgate.core.routing.scorers import InflightRequestsScorer, QueueLengthScorer
+from fleetgate.core.routing.pipeline import PipelinePolicy, Scorer
+from fleetgate.core.routing.scorers import InflightRequestsScorer, KvUsageScorer, QueueLengthScorer
 
 POLICY_NAMES: tuple[str, ...] = ("random", "round_robin", "least_requests", "p2c", "cache_aware", "fleetgate")
+
+
+#: Scorer plug-ins by name: ``least_requests`` and ``p2c`` accept ``scorers: {name: weight}``.
+SCORERS: dict[str, Callable[[], Scorer]] = {
+    "inflight_requests": InflightRequestsScorer,
+    "queue_length": QueueLengthScorer,
+    "kv_usage": KvUsageScorer,
+}
+
+
+def _scorers(params: dict[str, Any], default: str) -> list[tuple[Scorer, float]]:
+    spec = params.pop("scorers", None) or {default: 1.0}
+    if not isinstance(spec, Mapping):
+        raise ValueError("scorers must map scorer names to weights")
+    out = []
+    for name, weight in spec.items():
+        if name not in SCORERS:
+            raise ValueError(f"unknown scorer {name!r}; choose from: {', '.join(sorted(SCORERS))}")
+        if float(weight) < 0:
+            raise ValueError("scorer weights must be >= 0")
+        out.append((SCORERS[name](), float(weight)))
+    if not any(w > 0 for _, w in out):
+        raise ValueError("at least one scorer needs a positive weight")
+    return out
 
 
 def _outliers(params: dict[str, Any]) -> OutlierDetector | None:
@@ -46,11 +70,12 @@ def _round_robin(params: dict[str, Any]) -> RoutingPolicy:
 def _least_requests(params: dict[str, Any]) -> RoutingPolicy:
     det = _outliers(params)
     tie_break = params.pop("tie_break", "random")
+    scorers = _scorers(params, "inflight_requests")
     _check_empty("least_requests", params)
     return PipelinePolicy(
         "least_requests",
         [RoutableFilter(det)],
-        [(InflightRequestsScorer(), 1.0)],
+        scorers,
         MaxScorePicker(tie_break),
         outliers=det,
     )
@@ -59,11 +84,12 @@ def _least_requests(params: dict[str, Any]) -> RoutingPolicy:
 def _p2c(params: dict[str, Any]) -> RoutingPolicy:
     det = _outliers(params)
     k = int(params.pop("choices", 2))
+    scorers = _scorers(params, "queue_length")
     _check_empty("p2c", params)
     return PipelinePolicy(
         "p2c",
         [RoutableFilter(det), RandomSampleFilter(k)],
-        [(QueueLengthScorer(), 1.0)],
+        scorers,
         MaxScorePicker("random"),
         outliers=det,
     )

@@ -1,0 +1,113 @@
+"""Structured logs: one JSON object per line, with the request id of the request being handled.
+
+- ``setup_logging(level, fmt)`` installs one stderr handler on the root logger (``json`` or ``text``).
+- ``request_context_middleware`` puts the gateway's ``x-request-id`` (the error middleware accepts a sane
+  client id or makes one, and returns it) into a context variable, so every line logged while handling that
+  request carries ``request_id`` without passing it around.
+- Secrets and prompt text never reach the output by default: extra fields whose names look like keys,
+  authorization headers or prompt/message content are replaced by ``"[redacted]"``. The gateway itself logs
+  no bodies; this is a guard against future ``log.info(..., extra={"messages": ...})`` mistakes.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import IO, Any
+
+import orjson
+from aiohttp import web
+
+REQUEST_ID: ContextVar[str | None] = ContextVar("fleetgate_request_id", default=None)
+
+SENSITIVE_FIELDS = frozenset(
+    {
+        "authorization",
+        "api_key",
+        "api_keys",
+        "key",
+        "password",
+        "secret",
+        "token",
+        "messages",
+        "prompt",
+        "content",
+        "input",
+        "body",
+    }
+)
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """``{"ts", "level", "logger", "msg", "request_id"?, extras..., "exc"?}`` per line."""
+
+    def __init__(self, *, redact: bool = True) -> None:
+        super().__init__()
+        self.redact = redact
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        request_id = getattr(record, "request_id", None) or REQUEST_ID.get()
+        if request_id:
+            data["request_id"] = request_id
+        for key, value in record.__dict__.items():
+            if key in _STANDARD or key in data or key.startswith("_"):
+                continue
+            data[key] = "[redacted]" if self.redact and key.lower() in SENSITIVE_FIELDS else value
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(data, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    """Human-readable lines, with the request id when there is one."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        request_id = getattr(record, "request_id", None) or REQUEST_ID.get()
+        return f"{line} request_id={request_id}" if request_id else line
+
+
+_HANDLER_MARK = "_fleetgate_handler"
+
+
+def setup_logging(
+    level: str | int = "INFO", fmt: str = "json", stream: IO[str] | None = None
+) -> logging.Handler:
+    """Install (or replace) fleetgate's handler on the root logger; returns it."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, _HANDLER_MARK, False):
+            root.removeHandler(handler)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    setattr(handler, _HANDLER_MARK, True)
+    root.addHandler(handler)
+    root.setLevel(level if isinstance(level, int) else level.upper())
+    return handler
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def request_context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Expose the request id to every log line emitted while handling the request."""
+    token = REQUEST_ID.set(request.get("request_id"))
+    try:
+        return await handler(request)
+    finally:
+        REQUEST_ID.reset(token)

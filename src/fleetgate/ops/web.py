@@ -1,0 +1,224 @@
+"""The gateway's operations surface: SLO observation hook, ``GET /admin/status`` and the ``/ui`` page.
+
+Wiring (``attach_ops``, called by the composition root): the proxy calls ``Ops.observe`` once per finished
+request; the SLO gauges join the gateway's Prometheus registry; the routes join the gateway app.
+
+Access: ``/admin/status`` needs the admin key (``Authorization: Bearer <admin key>``); in open mode (no
+tenants and no admin keys configured, so no key exists at all) it is open like everything else. ``/ui`` is a
+static shell that holds no data: it asks for the key (or takes ``?key=`` once, moves it to sessionStorage and
+removes it from the address bar) and polls ``/admin/status`` with it. The gateway writes no access log of
+query strings.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from fleetgate.config import OpsConfig
+from fleetgate.core.errors import PermissionDeniedError
+from fleetgate.ops.logging import request_context_middleware
+from fleetgate.ops.metrics import SloCollector
+from fleetgate.ops.slo import RequestSample, SloTracker, classify
+from fleetgate.ops.status import TenantInfo, build_status
+
+access_log = logging.getLogger("fleetgate.access")
+
+_STATIC_TYPES = {".html": "text/html", ".js": "application/javascript", ".css": "text/css"}
+
+
+def _load_static() -> dict[str, tuple[bytes, str]]:
+    files: dict[str, tuple[bytes, str]] = {}
+    root = resources.files("fleetgate.ops") / "static"
+    for entry in root.iterdir():
+        name = entry.name
+        suffix = name[name.rfind(".") :] if "." in name else ""
+        if suffix in _STATIC_TYPES and entry.is_file():
+            files[name] = (entry.read_bytes(), _STATIC_TYPES[suffix])
+    return files
+
+
+class Ops:
+    """SLO window, status document and routes of one gateway. ``server`` is read lazily (its ``extras``
+    gain health monitors and autoscaler loops after the gateway is built)."""
+
+    def __init__(
+        self,
+        server: Any,
+        config: OpsConfig | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.server = server
+        self.config = config or OpsConfig()
+        slo = self.config.slo
+        self.tracker = SloTracker(
+            window_s=slo.window_s,
+            ttft_target_s=slo.ttft_target_s,
+            tenant_ttft_target_s=dict(slo.tenant_ttft_target_s),
+            max_samples=slo.max_samples,
+        )
+        self.clock: Callable[[], float] = clock or server.proxy.clock
+        self.tracker.started_s = self.clock()
+        self.wall_clock = wall_clock
+        self._static = _load_static() if self.config.ui else {}
+
+    # -- the request hook ---------------------------------------------------------------------------------
+
+    def observe(
+        self,
+        *,
+        request_id: str,
+        tenant: str,
+        deployment: str,
+        replica: str,
+        endpoint: str,
+        status: int,
+        start: float,
+        end: float,
+        ttft_s: float | None = None,
+        output_tokens: int | None = None,
+        mu: float | None = None,
+        error_kind: str | None = None,
+    ) -> None:
+        """One finished request (called by the proxy). Unauthenticated or unknown-model calls are skipped."""
+        if tenant and deployment and deployment != "unknown":
+            outcome = classify(status, dispatched=bool(replica), error_kind=error_kind)
+            self.tracker.observe(
+                RequestSample(
+                    t=end,
+                    tenant=tenant,
+                    deployment=deployment,
+                    replica=replica,
+                    outcome=outcome,
+                    e2e_s=end - start,
+                    ttft_s=ttft_s,
+                    output_tokens=output_tokens,
+                    mu=mu or 0.0,
+                )
+            )
+        if self.config.access_log and access_log.isEnabledFor(logging.INFO):
+            access_log.info(
+                "request finished",
+                extra={
+                    "request_id": request_id,
+                    "tenant": tenant or None,
+                    "deployment": deployment,
+                    "replica": replica or None,
+                    "endpoint": endpoint,
+                    "status": status,
+                    "error_kind": error_kind,
+                    "ttft_s": None if ttft_s is None else round(ttft_s, 4),
+                    "e2e_s": round(end - start, 4),
+                    "output_tokens": output_tokens,
+                    "mu": None if mu is None else round(mu, 4),
+                },
+            )
+
+    # -- data ---------------------------------------------------------------------------------------------
+
+    def tenants(self) -> list[TenantInfo]:
+        directory = getattr(self.server.proxy.admission, "directory", None)
+        if directory is None:
+            return []
+        out = []
+        for name, tenant in directory.tenants().items():
+            limits = tenant.limits
+            out.append(
+                TenantInfo(
+                    name=name,
+                    priority=str(limits.priority),
+                    reserved_mu_per_min=dict(limits.reserved_mu_per_min),
+                )
+            )
+        return out
+
+    def reservations(self) -> dict[str, dict[str, float]]:
+        return {t.name: dict(t.reserved_mu_per_min or {}) for t in self.tenants()}
+
+    def status(self) -> dict[str, Any]:
+        admission = self.server.proxy.admission
+        info: dict[str, Any] | None = None
+        core = getattr(admission, "core", None)
+        if core is not None:
+            info = {"queue_depth": len(core.queue)}
+            overview = getattr(admission, "capacity_overview", None)
+            if callable(overview):
+                info["deployments"] = overview()
+        return build_status(
+            now=self.clock(),
+            wall_time=self.wall_clock(),
+            fleet=self.server.fleet,
+            tracker=self.tracker,
+            tenants=self.tenants(),
+            autoscalers=self.server.extras.get("autoscalers", {}),
+            admission=info,
+        )
+
+    # -- HTTP ---------------------------------------------------------------------------------------------
+
+    def authorize(self, request: web.Request) -> None:
+        """Admin key only (raises 401/403 as OpenAI-style errors); open when no key is configured at all."""
+        admission = self.server.proxy.admission
+        directory = getattr(admission, "directory", None)
+        if directory is None or getattr(directory, "open", False):
+            return  # open mode: no tenants, no admin keys
+        caller = admission.authenticate(request.headers.get("Authorization"))
+        if not getattr(caller, "admin", False):
+            raise PermissionDeniedError("This endpoint needs the admin API key.", code="admin_only")
+
+    async def handle_status(self, request: web.Request) -> web.Response:
+        self.authorize(request)
+        body = orjson.dumps(self.status(), option=orjson.OPT_NON_STR_KEYS)
+        return web.Response(body=body, content_type="application/json", headers={"Cache-Control": "no-store"})
+
+    async def handle_ui(self, request: web.Request) -> web.Response:
+        return self._file("index.html")
+
+    async def handle_static(self, request: web.Request) -> web.Response:
+        return self._file(request.match_info["name"])
+
+    def _file(self, name: str) -> web.Response:
+        found = self._static.get(name)
+        if found is None:
+            raise web.HTTPNotFound()
+        body, ctype = found
+        return web.Response(
+            body=body,
+            content_type=ctype,
+            headers={
+                "Cache-Control": "no-cache",
+                "Content-Security-Policy": "default-src 'self'; img-src 'self' data:",
+                "Referrer-Policy": "no-referrer",
+                "X-Content-Type-Options": "nosniff",
+            },
+        )
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/admin/status", self.handle_status)
+        if self.config.ui:
+            app.router.add_get("/ui", self.handle_ui)
+            app.router.add_get("/ui/", self.handle_ui)
+            app.router.add_get("/ui/{name}", self.handle_static)
+
+
+def attach_ops(server: Any, config: OpsConfig | None = None) -> Ops:
+    """Wire operations into a built (not yet started) ``GatewayServer``: observation hook, SLO gauges on its
+    registry, request ids in log lines, ``/admin/status`` and ``/ui``. Returns the ``Ops`` object."""
+    ops = Ops(server, config)
+    cfg = ops.config
+    server.proxy.slo = ops
+    SloCollector(ops.tracker, ops.clock, ops.reservations, max_tenants=cfg.slo.max_tenant_labels).register(
+        server.proxy.metrics.registry
+    )
+    server.app.middlewares.append(request_context_middleware)
+    ops.add_routes(server.app)
+    server.extras["ops"] = ops
+    return ops

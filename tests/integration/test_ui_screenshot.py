@@ -1,0 +1,146 @@
+"""The /ui status page end to end: a real ``fleetgate up --config examples/tenants.yaml`` fleet under light
+load, rendered by headless Chromium (Debian's ``chromium``; ``scripts/test.sh`` installs it where missing).
+
+Checks: the DOM after the page's own polling contains the running fleet's replica names, health and tenant
+names with real request counts; the screenshot is a real, non-blank PNG. Set ``FLEETGATE_UI_SCREENSHOT`` to a
+path to keep the screenshot.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN = "sk-admin-demo"
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _load(url: str, stop: threading.Event, counts: dict[str, int]) -> None:
+    """Light load: gold and free take turns, one request at a time (stream and non-stream)."""
+    keys = {"gold": "sk-gold-demo", "free": "sk-free-demo"}
+    with httpx.Client(timeout=30) as client:
+        i = 0
+        while not stop.is_set():
+            tenant = ("gold", "free")[i % 2]
+            body = {
+                "model": "fleetgate-sim",
+                "messages": [{"role": "user", "content": f"Summarise item {i % 5} of the report."}],
+                "max_tokens": 24,
+                "stream": i % 3 != 0,
+            }
+            resp = client.post(
+                f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {keys[tenant]}"}
+            )
+            resp.read()
+            counts[f"{tenant}:{resp.status_code}"] = counts.get(f"{tenant}:{resp.status_code}", 0) + 1
+            i += 1
+            time.sleep(0.05)
+
+
+def _run_chromium(binary: str, args: list[str], url: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        binary,
+        "--headless",
+        "--no-sandbox",  # tests may run as root in a container
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp / 'chromium-profile'}",
+        "--window-size=1400,1000",
+        "--virtual-time-budget=5000",  # lets the page fetch /admin/status and render before the dump
+        *args,
+        url,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
+
+
+def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("headless Chromium not installed: `apt-get install chromium` (make test does this)")
+    config = yaml.safe_load((ROOT / "examples" / "tenants.yaml").read_text())
+    config["local"] = {"engine_args": ["--time-scale", "0.2"]}  # the example fleet, engines 5x faster
+    path = tmp_path / "tenants.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = _free_port()
+    up = tools.ServerProcess(
+        [tools.PY, "-m", "fleetgate.cli", "up", "--port", str(port), "--config", str(path)],
+        name="fleetgate-up",
+    )
+    stop = threading.Event()
+    counts: dict[str, int] = {}
+    try:
+        url = up.wait_ready(60)
+        replicas = re.findall(r"^replica (\S+) http", up.output, re.M)
+        assert len(replicas) == 2, up.output
+        loader = threading.Thread(target=_load, args=(url, stop, counts), daemon=True)
+        loader.start()
+        time.sleep(3.0)
+
+        # the data the page shows is admin-only
+        assert httpx.get(f"{url}/admin/status").status_code == 401
+        bad = httpx.get(f"{url}/admin/status", headers={"Authorization": "Bearer sk-gold-demo"})
+        assert bad.status_code == 403
+        status = httpx.get(f"{url}/admin/status", headers={"Authorization": f"Bearer {ADMIN}"}).json()
+        assert {r["name"] for r in status["replicas"]} == set(replicas)
+        by_name = {t["name"]: t for t in status["tenants"]}
+        assert by_name["gold"]["requests"] > 0 and by_name["free"]["requests"] > 0
+        assert by_name["gold"]["reserved_mu_per_min"] == 100.0
+        assert by_name["gold"]["used_mu_per_min"] > 0
+        assert by_name["gold"]["ttft_p95_s"] is not None
+
+        page = f"{url}/ui?key={ADMIN}"
+        dom = _run_chromium(chromium, ["--dump-dom"], page, tmp_path)
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        html = dom.stdout
+        replica_cells = re.findall(r"<td><strong>([^<]+)</strong></td><td>fleetgate-sim</td>", html)
+        assert set(replicas) <= set(replica_cells), html[:3000]
+        assert html.count('class="badge healthy"') >= 2
+        for tenant in ("gold", "free"):
+            assert f"<td><strong>{tenant}</strong></td>" in html
+        assert re.search(r"2 replicas \(2 healthy\) · 2 tenants · \d+ requests seen", html)
+        assert "sk-admin-demo" not in html  # the key left the address bar and never enters the DOM
+
+        shot = tmp_path / "ui.png"
+        result = _run_chromium(chromium, [f"--screenshot={shot}"], page, tmp_path)
+        assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
+        from PIL import Image
+
+        with Image.open(shot) as img:
+            assert img.size == (1400, 1000)
+            colours = img.convert("RGB").getcolors(maxcolors=1 << 20) or []
+        assert len(colours) > 200  # text, badges, bars: far from a blank or error page
+        assert shot.stat().st_size > 30_000
+        keep = os.environ.get("FLEETGATE_UI_SCREENSHOT")
+        if keep:
+            shutil.copyfile(shot, keep)
+    finally:
+        stop.set()
+        up.kill()
+    assert sum(v for k, v in counts.items() if k.endswith(":200")) > 5, counts

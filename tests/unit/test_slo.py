@@ -1,0 +1,226 @@
+"""SLO window math, bounded Prometheus labels, the status document and the JSON log formatter."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from fleetgate.config import DeploymentConfig, ReplicaConfig
+from fleetgate.core.types import HealthState
+from fleetgate.gateway.fleet import Fleet, build_deployment
+from fleetgate.ops.logging import REQUEST_ID, JsonFormatter, setup_logging
+from fleetgate.ops.metrics import SloCollector
+from fleetgate.ops.slo import (
+    Outcome,
+    RequestSample,
+    SloTracker,
+    classify,
+    quantile,
+    summarise,
+    top_tenants,
+)
+from fleetgate.ops.status import TenantInfo, build_status
+
+
+def sample(t: float, tenant: str = "a", outcome: Outcome = Outcome.OK, **kw: Any) -> RequestSample:
+    base: dict[str, Any] = {
+        "deployment": "m",
+        "replica": "r0",
+        "e2e_s": 1.0,
+        "ttft_s": 0.1,
+        "output_tokens": 10,
+        "mu": 1.0,
+    }
+    base.update(kw)
+    return RequestSample(t=t, tenant=tenant, outcome=outcome, **base)
+
+
+@pytest.mark.parametrize(
+    ("status", "dispatched", "kind", "expected"),
+    [
+        (200, True, None, Outcome.OK),
+        (200, True, "upstream_error", Outcome.ERROR),  # a stream that broke after the first byte
+        (429, False, "rate_limit_exceeded", Outcome.REJECTED),
+        (503, False, "server_error", Outcome.REJECTED),  # shed by admission before any replica
+        (503, True, "upstream_error", Outcome.ERROR),  # every replica failed
+        (502, True, "upstream_error", Outcome.ERROR),
+        (400, False, "invalid_request_error", Outcome.CLIENT_ERROR),
+        (499, True, "client_disconnect", Outcome.CANCELLED),
+    ],
+)
+def test_classify(status: int, dispatched: bool, kind: str | None, expected: Outcome) -> None:
+    assert classify(status, dispatched=dispatched, error_kind=kind) is expected
+
+
+def test_quantile_interpolates() -> None:
+    assert quantile([], 0.5) is None
+    assert quantile([3.0], 0.95) == 3.0
+    values = [float(i) for i in range(1, 101)]
+    assert quantile(values, 0.5) == pytest.approx(50.5)
+    assert quantile(values, 0.95) == pytest.approx(95.05)
+
+
+def test_summary_rates_attainment_and_otps() -> None:
+    samples = [sample(float(i), ttft_s=0.1 * (i + 1), e2e_s=0.1 * (i + 1) + 1.0) for i in range(10)]
+    samples += [sample(11, outcome=Outcome.ERROR), sample(12, outcome=Outcome.REJECTED, mu=0.0)]
+    samples += [sample(13, outcome=Outcome.CLIENT_ERROR, mu=0.0), sample(14, outcome=Outcome.CANCELLED)]
+    st = summarise(samples, span_s=30.0, ttft_target_s=0.5)
+    assert (st.requests, st.ok, st.errors, st.rejected, st.client_errors, st.cancelled) == (
+        14,
+        10,
+        1,
+        1,
+        1,
+        1,
+    )
+    assert st.error_rate == pytest.approx(1 / 12) and st.rejection_rate == pytest.approx(1 / 12)
+    assert st.attainment == pytest.approx(5 / 11)  # 5 of 10 ok within 0.5 s; the error counts as a miss
+    assert st.ttft_p50_s == pytest.approx(0.55)
+    assert st.otps_p50 == pytest.approx(9.0)  # (10 - 1) tokens over the 1 s after the first token
+    assert st.mu == pytest.approx(12.0) and st.mu_per_min == pytest.approx(24.0)
+    assert summarise([], span_s=60).attainment is None
+
+
+def test_non_stream_otps_uses_whole_request() -> None:
+    s = sample(0, ttft_s=None, e2e_s=2.0, output_tokens=10)
+    assert s.otps == pytest.approx(5.0)
+    assert sample(0, outcome=Outcome.ERROR).otps is None
+
+
+def test_window_slides_and_is_bounded() -> None:
+    tracker = SloTracker(window_s=10.0, max_samples=100, started_s=0.0)
+    for i in range(20):
+        tracker.observe(sample(float(i), tenant="a" if i % 2 else "b"))
+    assert len(tracker.samples(19.0)) == 11  # t = 9 .. 19: the window [now - 10, now] is closed
+    per = tracker.by_tenant(19.0)
+    assert (per["a"].requests, per["b"].requests) == (6, 5)
+    assert per["a"].mu_per_min == pytest.approx(6 * 60 / 10)
+    assert tracker.samples(100.0) == []
+    for _ in range(500):
+        tracker.observe(sample(200.0))
+    assert len(tracker.samples(200.0)) == 100
+    assert tracker.total == 520
+
+
+def test_span_is_short_right_after_start() -> None:
+    tracker = SloTracker(window_s=60.0, started_s=100.0)
+    tracker.observe(sample(105.0, mu=2.0))
+    assert tracker.span_s(110.0) == 10.0
+    assert tracker.by_tenant(110.0)["a"].mu_per_min == pytest.approx(12.0)
+    assert tracker.span_s(1000.0) == 60.0
+
+
+def test_tenant_targets() -> None:
+    tracker = SloTracker(window_s=60, ttft_target_s=1.0, tenant_ttft_target_s={"fast": 0.05}, started_s=0)
+    tracker.observe(sample(1.0, tenant="fast", ttft_s=0.1))
+    tracker.observe(sample(1.0, tenant="slow", ttft_s=0.1))
+    per = tracker.by_tenant(2.0)
+    assert per["fast"].attainment == 0.0 and per["slow"].attainment == 1.0
+
+
+def test_top_tenants_caps_cardinality() -> None:
+    counts = {f"t{i}": i for i in range(100)}
+    label = top_tenants(counts, {"gold": 500.0, "silver": 100.0, "free": 0.0}, limit=3)
+    names = {label(n) for n in [*counts, "gold", "silver", "free"]}
+    assert names == {"gold", "silver", "t99", "other"}
+
+
+def test_collector_bounded_labels() -> None:
+    tracker = SloTracker(window_s=60, started_s=0)
+    for i in range(50):
+        tracker.observe(sample(1.0, tenant=f"tenant-{i}"))
+    tracker.observe(sample(1.0, tenant="gold", outcome=Outcome.REJECTED))
+    registry = CollectorRegistry()
+    reserved = {"gold": {"m": 100.0}, "tenant-7": {"m": 5.0}, "tenant-8": {"m": 5.0}}
+    SloCollector(tracker, lambda: 2.0, lambda: reserved, max_tenants=2).register(registry)
+    text = generate_latest(registry).decode()
+    tenants = {line.split('tenant="')[1].split('"')[0] for line in text.splitlines() if 'tenant="' in line}
+    assert tenants == {"gold", "tenant-7", "other"}
+    assert 'fleetgate_slo_rejection_ratio{deployment="m",tenant="gold"} 1.0' in text
+    assert 'fleetgate_tenant_reserved_mu_per_minute{deployment="m",tenant="other"} 5.0' in text
+    assert 'fleetgate_slo_requests{deployment="m",outcome="ok",tenant="other"} 49.0' in text
+    assert "fleetgate_slo_window_seconds 60.0" in text
+
+
+def test_build_status_from_real_fleet_objects() -> None:
+    dep = build_deployment(
+        DeploymentConfig(
+            model="m",
+            capacity_mu_per_min=60,
+            replicas=[
+                ReplicaConfig(name="r0", url="http://127.0.0.1:1"),
+                ReplicaConfig(name="r1", url="http://127.0.0.1:2"),
+            ],
+        )
+    )
+    dep.replicas["r1"].health = HealthState.UNHEALTHY
+    dep.replicas["r0"].engine_prefix_hit_rate = 0.25
+    fleet = Fleet([dep])
+    tracker = SloTracker(window_s=60, started_s=0)
+    tracker.observe(sample(10.0, tenant="gold", mu=6.0))
+    tracker.observe(sample(20.0, tenant="gold", mu=6.0, ttft_s=0.3))
+    loop = SimpleNamespace(desired=2, history=[(0.0, 1, 1, 0.5), (1.0, 2, 1, float("inf")), (2.0, 2, 2, 0.9)])
+    doc = build_status(
+        now=60.0,
+        wall_time=1.0e9,
+        fleet=fleet,
+        tracker=tracker,
+        tenants=[TenantInfo("gold", "interactive", {"m": 30.0}), TenantInfo("idle", "batch", {})],
+        autoscalers={"m": loop},
+    )
+    json.dumps(doc, allow_nan=False)  # strictly valid JSON
+    r0, r1 = doc["replicas"]
+    assert (r0["name"], r0["url"], r0["health"], r1["health"]) == (
+        "r0",
+        "http://127.0.0.1:1",
+        "healthy",
+        "unhealthy",
+    )
+    assert r0["mu_load"] == pytest.approx(12.0 / 60.0) and r0["cache_hit_rate"] == 0.25
+    assert r1["mu_load"] == 0.0 and not r1["routable"]
+    gold, idle = doc["tenants"]
+    assert gold["reserved_mu_per_min"] == 30.0 and gold["used_mu_per_min"] == pytest.approx(12.0)
+    assert gold["ttft_p95_s"] == pytest.approx(0.29) and idle["requests"] == 0 and idle["ttft_p95_s"] is None
+    assert doc["deployments"][0]["capacity_mu_per_min"] == 60.0  # only routable replicas count
+    (auto,) = doc["autoscalers"]
+    assert auto["decisions"] == [{"t": -59.0, "from": 1, "to": 2, "ready": 1, "utilisation": None}]
+    assert [h["desired"] for h in auto["history"]] == [1, 2, 2]
+
+
+def test_json_logs_carry_request_id_and_redact() -> None:
+    stream = io.StringIO()
+    handler = setup_logging("INFO", "json", stream)
+    try:
+        log = logging.getLogger("fleetgate.test")
+        token = REQUEST_ID.set("req-42")
+        try:
+            log.info(
+                "hello %s", "world", extra={"tenant": "gold", "messages": "secret prompt", "api_key": "sk-x"}
+            )
+        finally:
+            REQUEST_ID.reset(token)
+        log.warning("outside")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert first["msg"] == "hello world" and first["request_id"] == "req-42" and first["tenant"] == "gold"
+    assert first["messages"] == "[redacted]" and first["api_key"] == "[redacted]"
+    assert "request_id" not in second and second["level"] == "warning"
+    assert "secret prompt" not in stream.getvalue()
+
+
+def test_json_formatter_exceptions() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord(
+            "x", logging.ERROR, __file__, 1, "failed", (), __import__("sys").exc_info()
+        )
+    out = json.loads(JsonFormatter().format(record))
+    assert out["msg"] == "failed" and "ValueError: boom" in out["exc"]
