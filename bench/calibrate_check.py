@@ -99,6 +99,7 @@ async def measure_mix(
     ladder: list[int],
     requests_per_worker: int,
     profile: CostProfile,
+    min_requests: int = 8,
 ) -> dict[str, Any]:
     cycle = [Shape(words[i], o) for i, o in shapes]
 
@@ -108,7 +109,8 @@ async def measure_mix(
     pick_fn: Callable[[int], Shape] = pick
     # whole cycles, and enough of them that the middle half of the run is steady state
     per_worker = -(-requests_per_worker // len(cycle)) * len(cycle)
-    sat = await probe.saturate(pick_fn, ladder, requests_per_worker=per_worker, min_requests=8 * len(cycle))
+    least = -(-max(8 * len(cycle), min_requests) // len(cycle)) * len(cycle)
+    sat = await probe.saturate(pick_fn, ladder, requests_per_worker=per_worker, min_requests=least)
     best = sat.best
     costs = [profile.cost(p, c) for p, c in best.usages]
     mean_cost = sum(costs) / len(costs)
@@ -178,6 +180,7 @@ async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
             progress=not args.quiet,
             requests_per_worker=args.requests_per_worker,
             busy_clock=_busy_clock(args),
+            min_requests=args.min_requests,
         )
         args.out.parent.mkdir(parents=True, exist_ok=True)
         prof_path = args.out.with_name(args.out.stem + "-profile.json")
@@ -205,7 +208,9 @@ async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
                 if i not in words:
                     words[i] = await probe.words_for(i)
         for name, shapes in mixes.items():
-            res = await measure_mix(probe, shapes, words, ladder, args.requests_per_worker, profile)
+            res = await measure_mix(
+                probe, shapes, words, ladder, args.requests_per_worker, profile, args.min_requests
+            )
             results[name] = res
             if not args.quiet:
                 print(
@@ -233,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ladder", default="1,2,4,8,16,32,64", help="Concurrency ladder (calibration and mixes)."
     )
     ap.add_argument("--requests-per-worker", type=int, default=4)
+    ap.add_argument("--min-requests", type=int, default=8, help="Fewest requests per ladder rung.")
     ap.add_argument(
         "--inputs", default="", help="Calibration input lengths, e.g. 16,128,512 (default: design)."
     )

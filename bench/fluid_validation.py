@@ -48,7 +48,7 @@ def main() -> int:
             out[mode], _ = run(opts)
         d, f = out["des"], out["fluid"]
         print(
-            f"| {case['tenant']} | {case['duration_s'] / 3600:.0f} h | {case['replicas']} | "
+            f"| {case['tenant']} | {case['duration_s'] / 3600:g} h | {case['replicas']} | "
             f"{case.get('autoscale', 'static')} | {d['requests']} | {d['replica_hours']:.2f} | "
             f"{f['replica_hours']:.2f} | {f['replica_hours'] / d['replica_hours'] - 1:+.1%} | "
             f"{d['ttft_p95_s']:.3g} | {f['ttft_p95_s']:.3g} | {f['ttft_p95_s'] / d['ttft_p95_s'] - 1:+.0%} | "

@@ -225,10 +225,12 @@ def start_engines(setup: Setup, tag: str) -> list[Proc]:
 
 def start_router(
     contender: str, engines: Sequence[Proc], setup: Setup, tag: str
-) -> tuple[Proc, str, str | None]:
+) -> tuple[Proc | None, str, str | None]:
     """Start ``contender`` in front of ``engines``; returns (process, base URL, its metrics URL)."""
     kind, _, policy = contender.partition(":")
     urls = [e.url for e in engines if e.url]
+    if kind == "direct":  # no router: the first engine itself (reference for the overhead phase)
+        return None, urls[0], None
     if kind == "fleetgate":
         import yaml
 
@@ -277,12 +279,15 @@ def run_one(
     *,
     concurrency_limit: int | None = None,
     measure_from_send: bool = False,
+    warmup: Sequence[PlannedRequest] = (),
 ) -> dict[str, Any]:
-    """Fresh engines + router, one replay, everything stopped again."""
+    """Fresh engines + router, one replay (after an optional warm-up), everything stopped again."""
     engines = start_engines(setup, tag)
     router: Proc | None = None
     try:
         router, base, router_metrics = start_router(contender, engines, setup, tag)
+        if warmup:
+            asyncio.run(run_replay(warmup, ReplayOptions(base_url=base, model=MODEL, concurrency_limit=1)))
         opts = ReplayOptions(
             base_url=base,
             model=MODEL,
@@ -368,6 +373,44 @@ def _brief(rep: dict[str, Any]) -> dict[str, Any]:
         "e2e_p95_s": rep["e2e_s"]["p95"],
         "prefix_cache_hit_rate": rep.get("prefix_cache_hit_rate"),
     }
+
+
+# --------------------------------------------------------------------------------------------- overhead
+
+
+def overhead(
+    args: argparse.Namespace, setup: Setup, full: Sequence[PlannedRequest], log: Any
+) -> dict[str, Any]:
+    """What a router adds per request: instant engines (time scale 0), one request at a time, real prompts.
+
+    ``direct`` (the client straight to one engine) is the reference; a router's added latency is the
+    difference of its TTFT quantiles and direct's. The routers run their full pipeline (fleetgate: prefix
+    hashing, affinity, MU accounting; the others their cache-aware trees).
+    """
+    fast = replace(setup, engine_time_scale=0.0)
+    n = args.overhead_requests
+    step = max(1, len(full) // n)
+    probe = [replace(r, at_s=0.0) for r in full[::step][:n]]
+    warm = [replace(r, at_s=0.0) for r in full[1::step][:20]]
+    out: dict[str, Any] = {"requests": len(probe)}
+    for name in ["direct", *args.overhead_contenders.split(",")]:
+        try:
+            rep = run_one(name, probe, fast, f"ovh-{name.replace(':', '-')}", concurrency_limit=1,
+                          measure_from_send=True, warmup=warm)  # fmt: skip
+        except Exception as exc:
+            log(f"overhead {name}: FAILED {exc}")
+            continue
+        out[name] = {"ttft_s": rep["ttft_s"], "errors": rep["errors"]}
+    direct = out.get("direct")
+    for name, rec in out.items():
+        if name in ("direct", "requests") or direct is None:
+            continue
+        rec["added_p50_ms"] = (rec["ttft_s"]["p50"] - direct["ttft_s"]["p50"]) * 1000.0
+        rec["added_p99_ms"] = (rec["ttft_s"]["p99"] - direct["ttft_s"]["p99"]) * 1000.0
+        log(
+            f"overhead {name}: +{rec['added_p50_ms']:.2f} ms p50, +{rec['added_p99_ms']:.2f} ms p99 vs direct"
+        )
+    return out
 
 
 # --------------------------------------------------------------------------------------------- report
@@ -464,6 +507,11 @@ def main() -> None:
     ap.add_argument("--calibration-growth", type=float, default=1.35)
     ap.add_argument("--unloaded-samples", type=int, default=24)
     ap.add_argument("--only", default=None, help="Comma-separated contenders (default: all).")
+    ap.add_argument("--overhead-requests", type=int, default=200, help="0 skips the overhead phase.")
+    ap.add_argument(
+        "--overhead-contenders",
+        default="fleetgate:fleetgate,fleetgate:round_robin,sglang-router:cache_aware,vllm-router:cache_aware",
+    )
     ap.add_argument("--policy-params", default="{}", help='JSON {"policy": {params}} for fleetgate policies.')
     ap.add_argument("--no-pin", action="store_true")
     ap.add_argument("--quick", action="store_true", help="Smoke run: 240 requests, no calibration.")
@@ -474,6 +522,7 @@ def main() -> None:
     if args.quick:
         args.requests = min(args.requests, 240)
         args.no_calibrate = True
+        args.overhead_requests = min(args.overhead_requests, 60)
 
     contenders = tuple(args.only.split(",")) if args.only else ALL_CONTENDERS
     logdir = args.logdir or Path(tempfile.mkdtemp(prefix="router-compare-"))
@@ -533,6 +582,7 @@ def main() -> None:
             f"load {rep.get('load_max_over_mean_window') or 0:.2f} "
             f"errors {rep['errors']} ({rep['run_wall_s']}s)"
         )
+    overhead_result = overhead(args, setup, full, log) if args.overhead_requests > 0 else {}
     ok = {k: v for k, v in results.items() if "failed" not in v}
     meta = {
         "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"),
@@ -549,6 +599,7 @@ def main() -> None:
         "tokens_scale": args.tokens_scale,
         "pinning": {"engines": sorted(engine_cpus or []), "routers_and_client": sorted(router_cpus or [])},
         "calibration": calibration,
+        "overhead": overhead_result,
         "total_wall_s": round(time.monotonic() - started, 1),
     }
     table = markdown(ok, meta)

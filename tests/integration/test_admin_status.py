@@ -115,3 +115,33 @@ def test_admin_status_slo_metrics_and_logs(start_engine: Any, tools: Any, tmp_pa
         assert "sk-gold-t" not in gateway.output and "sk-admin-t" not in gateway.output
     finally:
         gateway.kill()
+
+
+async def test_open_mode_status_and_ui_switch() -> None:
+    """No tenants and no admin keys: no key exists, so the status is open like the rest; `ops.ui: false`
+    removes the page but keeps the JSON."""
+    import aiohttp
+
+    from fleetgate.config import parse_config
+    from fleetgate.runtime import build_gateway
+
+    cfg = parse_config(
+        {
+            "gateway": {"host": "127.0.0.1", "port": 0},
+            "deployments": [{"model": "m", "replicas": [{"name": "r0", "url": "http://127.0.0.1:9"}]}],
+            "ops": {"ui": False},
+        }
+    )
+    server = build_gateway(cfg)
+    url = await server.start(0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{url}/admin/status") as resp:
+                assert resp.status == 200
+                doc = await resp.json()
+            async with session.get(f"{url}/ui") as resp:
+                assert resp.status == 404
+    finally:
+        await server.stop(0)
+    assert [r["name"] for r in doc["replicas"]] == ["r0"] and doc["tenants"] == []
+    assert doc["replicas"][0]["url"] == "http://127.0.0.1:9" and doc["autoscalers"] == []

@@ -85,7 +85,11 @@ def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
     if chromium is None:
         pytest.skip("headless Chromium not installed: `apt-get install chromium` (make test does this)")
     config = yaml.safe_load((ROOT / "examples" / "tenants.yaml").read_text())
-    config["local"] = {"engine_args": ["--time-scale", "0.2"]}  # the example fleet, engines 5x faster
+    config["local"] = {  # the example fleet, engines 5x faster, with an autoscaler for the chart
+        "engine_args": ["--time-scale", "0.2"],
+        "autoscaler": "fleetgate",
+        "autoscaler_params": {"min_replicas": 2, "max_replicas": 3},
+    }
     path = tmp_path / "tenants.yaml"
     path.write_text(yaml.safe_dump(config))
     port = _free_port()
@@ -108,7 +112,10 @@ def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
         bad = httpx.get(f"{url}/admin/status", headers={"Authorization": "Bearer sk-gold-demo"})
         assert bad.status_code == 403
         status = httpx.get(f"{url}/admin/status", headers={"Authorization": f"Bearer {ADMIN}"}).json()
-        assert {r["name"] for r in status["replicas"]} == set(replicas)
+        assert set(replicas) <= {r["name"] for r in status["replicas"]}
+        assert (
+            status["autoscalers"][0]["deployment"] == "fleetgate-sim" and status["autoscalers"][0]["history"]
+        )
         by_name = {t["name"]: t for t in status["tenants"]}
         assert by_name["gold"]["requests"] > 0 and by_name["free"]["requests"] > 0
         assert by_name["gold"]["reserved_mu_per_min"] == 100.0
@@ -124,7 +131,8 @@ def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
         assert html.count('class="badge healthy"') >= 2
         for tenant in ("gold", "free"):
             assert f"<td><strong>{tenant}</strong></td>" in html
-        assert re.search(r"2 replicas \(2 healthy\) · 2 tenants · \d+ requests seen", html)
+        assert re.search(r"\d replicas \(\d healthy\) · 2 tenants · \d+ requests seen", html)
+        assert 'class="chart"' in html and "fleetgate-sim · desired" in html  # autoscaler history drawn
         assert "sk-admin-demo" not in html  # the key left the address bar and never enters the DOM
 
         shot = tmp_path / "ui.png"

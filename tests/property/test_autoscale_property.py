@@ -11,7 +11,7 @@ from fleetgate.core.autoscale import AutoscaleContext, AutoscalePolicy, Autoscal
 from fleetgate.core.autoscale_baselines import KpaAutoscaler
 
 policies = st.builds(
-    lambda lo, span, target, panic, delay, cool, interval, step, fc, floor: AutoscalePolicy(
+    lambda lo, span, target, panic, delay, cool, interval, step, fc, floor, frac, beta: AutoscalePolicy(
         min_replicas=lo,
         max_replicas=max(1, lo + span),
         target_utilisation=target,
@@ -22,6 +22,8 @@ policies = st.builds(
         scale_down_max_step=step,
         forecast_horizon_s=fc,
         warm_floor=floor,
+        scale_down_max_fraction=frac,
+        headroom_beta=beta,
     ),
     st.integers(0, 5),
     st.integers(0, 30),
@@ -33,6 +35,8 @@ policies = st.builds(
     st.integers(1, 5),
     st.floats(0, 300),
     st.integers(0, 4),
+    st.floats(0.0, 1.0),
+    st.floats(0.0, 3.0),
 )
 
 steps = st.lists(
@@ -73,7 +77,8 @@ def test_fleetgate_bounds_panic_and_cooldown(pol: AutoscalePolicy, seq: list[Any
         if state is not None and now - state.last_scale_up_s < pol.scale_up_cooldown_s:
             assert desired >= current, "scaled down during the cooldown after a scale-up"
         if desired < current:
-            assert current - desired <= pol.scale_down_max_step
+            step = max(pol.scale_down_max_step, int(current * pol.scale_down_max_fraction))
+            assert current - desired <= step
             assert starting == 0
         state, current = new, desired
 

@@ -217,3 +217,19 @@ def test_policy_validation(bad: dict[str, float]) -> None:
 def test_policy_rejects_unknown_params() -> None:
     with pytest.raises(ValueError, match="unknown"):
         AutoscalePolicy.from_params({"targt": 0.5})
+
+
+def test_large_fleets_scale_down_by_a_fraction() -> None:
+    pol = AutoscalePolicy(
+        max_replicas=1000, scale_down_delay_s=0, scale_up_cooldown_s=0, scale_down_interval_s=0,
+        scale_down_max_fraction=0.1,
+    )  # fmt: skip
+    run = Run(pol, current=200)
+    assert run.step(0, 0.0, ready=200) == 180  # 10 % of 200, not one at a time
+
+
+def test_square_root_staffing_gives_small_fleets_more_headroom() -> None:
+    assert replicas_for(70.0, 100.0, 0.7, beta=0.0) == 1
+    assert replicas_for(70.0, 100.0, 0.7, beta=1.0) == 2  # 0.7 replicas of load: +0.84 headroom
+    big = replicas_for(70_000.0, 100.0, 0.7, beta=1.0)
+    assert big == 1000 + 27  # 700 replicas of load: headroom grows like sqrt, not linearly

@@ -127,7 +127,8 @@ def test_png_output_and_original_output() -> None:
 def test_alpha_flattened_for_jpeg() -> None:
     img = Image.new("RGBA", (20, 20), (0, 0, 0, 0))
     out = data_image(process_image(encode(img, "PNG"), SPEC).data_url).convert("RGB")
-    assert out.getpixel((10, 10))[0] > 240  # transparent -> white, not black
+    pixel = out.getpixel((10, 10))
+    assert isinstance(pixel, tuple) and pixel[0] > 240  # transparent -> white, not black
 
 
 def test_exif_orientation_applied() -> None:

@@ -134,8 +134,6 @@ async def test_one_bad_image_among_good_ones(pipeline: ImagePipeline) -> None:
 async def test_naive_mode_gives_same_shape() -> None:
     p = ImagePipeline(MultimodalConfig(mode="naive", fetch_urls=False), budget=BUDGET)
     assert p.pool is None
-    _, tokens = await p.process_body(
-        body({"type": "image_url", "image_url": {"url": data_url(1344, 1008)}})
-    )
+    _, tokens = await p.process_body(body({"type": "image_url", "image_url": {"url": data_url(1344, 1008)}}))
     assert tokens == 24 * 18
     await p.close()

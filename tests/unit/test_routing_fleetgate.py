@@ -12,7 +12,7 @@ from fleetgate.core.routing import build_policy
 from fleetgate.core.routing.affinity import BoundedLoadAffinity
 from fleetgate.core.routing.fleetgate import FleetgatePolicy
 from fleetgate.core.routing.keys import KeyFunction, mix64, str_hash64
-from fleetgate.core.routing.rates import DecayingRates, SlidingSums
+from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads, SlidingSums
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
 
 
@@ -81,6 +81,25 @@ def test_decaying_rates() -> None:
     assert r.rate("a", 1000.0) == pytest.approx(1.0, rel=1e-6)
     r.shift("a", "b", 0.5, 1000.0)
     assert r.rate("a", 1000.0) == pytest.approx(0.5) and r.rate("b", 1000.0) == pytest.approx(0.5)
+
+
+def test_replica_loads() -> None:
+    loads = ReplicaLoads(tau_s=10.0)
+    loads.add("a", 10.0, 0.0)
+    loads.add("b", 30.0, 0.0)
+    assert loads.rate("a", 0.0) == pytest.approx(1.0)
+    assert loads.total * loads.scale(0.0) == pytest.approx(4.0)
+    loads.queue("a", 2.0, 1.0)
+    loads.queue("a", 2.0, 1.5)  # behind the first: drains at 5.0
+    assert loads.reps["a"][1] == pytest.approx(5.0)
+    loads.queue("a", 1.0, 9.0)  # the queue had drained
+    assert loads.reps["a"][1] == pytest.approx(10.0)
+    loads.shift("b", "a", 1.0, 0.0)
+    assert loads.rate("a", 0.0) == pytest.approx(2.0) and loads.rate("b", 0.0) == pytest.approx(2.0)
+    loads.add("a", 10.0, 10_000.0)  # rebases, stays finite
+    assert loads.rate("a", 10_000.0) == pytest.approx(1.0, rel=1e-6)
+    loads.discard("a")
+    assert loads.total * loads.scale(10_000.0) == pytest.approx(loads.rate("b", 10_000.0))
 
 
 def test_sliding_sums() -> None:
@@ -266,7 +285,7 @@ def test_rebalance_moves_few_keys_from_an_overloaded_replica() -> None:
     names = [f"r{i}" for i in range(4)]
     p.affinity.ensure_ring(names)
     now = 100.0
-    tau = p.replica_rates.tau_s
+    tau = p.loads.tau_s
     key_rates = {"r0": [3.0, 3.0] + [1.0] * 10, "r1": [1.0] * 8, "r2": [1.0] * 8, "r3": [1.0] * 8}
     k = 0
     hot = []
@@ -274,15 +293,14 @@ def test_rebalance_moves_few_keys_from_an_overloaded_replica() -> None:
         for rate in rates:
             p.affinity.commit(k, [name], now)
             p.key_rates.add(k, rate * tau, now)  # rate MU/s, expressed as decayed MU
-            p.replica_rates.add(name, rate * tau, now)
+            p.loads.add(name, rate * tau, now)
             if rate > 1.0:
                 hot.append(k)
             k += 1
     moved = p.rebalance(now, names)
     assert moved == 2  # the two big keys, not six small ones
     assert all(p.affinity.keys[h].subset != ["r0"] for h in hot)
-    scale = p.replica_rates.scale(now)
-    rates_after = [p.replica_rates.values[n] * scale for n in names]
+    rates_after = [p.loads.rate(n, now) for n in names]
     assert max(rates_after) <= 1.15 * sum(rates_after) / 4
     assert p.affinity.moves == 2
 

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from fleetgate.config import DeploymentConfig, ReplicaConfig
@@ -25,7 +27,7 @@ from fleetgate.ops.slo import (
     summarise,
     top_tenants,
 )
-from fleetgate.ops.status import TenantInfo, build_status
+from fleetgate.ops.status import TenantInfo, autoscaler_rows, build_status
 
 
 def sample(t: float, tenant: str = "a", outcome: Outcome = Outcome.OK, **kw: Any) -> RequestSample:
@@ -116,6 +118,14 @@ def test_span_is_short_right_after_start() -> None:
     assert tracker.span_s(1000.0) == 60.0
 
 
+def test_full_ring_shortens_the_span() -> None:
+    tracker = SloTracker(window_s=60.0, max_samples=10, started_s=0.0)
+    for i in range(20):
+        tracker.observe(sample(50.0 + i, mu=1.0))  # t = 50 .. 69; only 60 .. 69 are still held
+    assert tracker.span_s(70.0) == pytest.approx(10.0)
+    assert tracker.by_tenant(70.0)["a"].mu_per_min == pytest.approx(10 * 60 / 10.0)
+
+
 def test_tenant_targets() -> None:
     tracker = SloTracker(window_s=60, ttft_target_s=1.0, tenant_ttft_target_s={"fast": 0.05}, started_s=0)
     tracker.observe(sample(1.0, tenant="fast", ttft_s=0.1))
@@ -190,6 +200,8 @@ def test_build_status_from_real_fleet_objects() -> None:
     assert doc["deployments"][0]["capacity_mu_per_min"] == 60.0  # only routable replicas count
     (auto,) = doc["autoscalers"]
     assert auto["decisions"] == [{"t": -59.0, "from": 1, "to": 2, "ready": 1, "utilisation": None}]
+    first = autoscaler_rows({"m": SimpleNamespace(desired=1, history=[(5.0, 1, 2, 0.0)])}, 10.0)
+    assert first[0]["decisions"] == [{"t": -5.0, "from": 2, "to": 1, "ready": 2, "utilisation": 0.0}]
     assert [h["desired"] for h in auto["history"]] == [1, 2, 2]
 
 
@@ -224,3 +236,82 @@ def test_json_formatter_exceptions() -> None:
         )
     out = json.loads(JsonFormatter().format(record))
     assert out["msg"] == "failed" and "ValueError: boom" in out["exc"]
+
+
+async def test_request_id_reaches_log_lines_inside_a_request() -> None:
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from fleetgate.gateway.errors import error_middleware
+    from fleetgate.ops.logging import request_context_middleware
+
+    async def handler(request: web.Request) -> web.Response:
+        logging.getLogger("fleetgate.test").warning("inside")
+        return web.Response(text="ok")
+
+    app = web.Application(middlewares=[error_middleware])
+    app.middlewares.append(request_context_middleware)  # as attach_ops does
+    app.router.add_get("/x", handler)
+    stream = io.StringIO()
+    log_handler = setup_logging("INFO", "json", stream)
+    try:
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            given = await client.get("/x", headers={"x-request-id": "abc-123"})
+            made = await client.get("/x")
+    finally:
+        logging.getLogger().removeHandler(log_handler)
+    assert given.headers["x-request-id"] == "abc-123"
+    lines = [json.loads(line) for line in stream.getvalue().splitlines() if '"inside"' in line]
+    assert [rec["request_id"] for rec in lines] == ["abc-123", made.headers["x-request-id"]]
+
+
+_samples = st.lists(
+    st.builds(
+        RequestSample,
+        t=st.floats(0, 100),
+        tenant=st.sampled_from(["a", "b", "c"]),
+        deployment=st.sampled_from(["m1", "m2"]),
+        replica=st.sampled_from(["r0", "r1"]),
+        outcome=st.sampled_from(list(Outcome)),
+        e2e_s=st.floats(0.01, 30),
+        ttft_s=st.none() | st.floats(0, 5),
+        output_tokens=st.none() | st.integers(0, 500),
+        mu=st.floats(0, 10),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_samples, st.integers(5, 80))
+def test_tracker_matches_reference_summaries(samples: list[RequestSample], ring: int) -> None:
+    """The vectorised ring agrees with the plain ``summarise`` over the samples it still holds."""
+    tracker = SloTracker(window_s=50.0, ttft_target_s=1.0, max_samples=ring, started_s=0.0)
+    for s in samples:
+        tracker.observe(s)
+    now = 100.0
+    kept = [s for s in samples[-ring:] if now - 50.0 <= s.t <= now]
+    start = samples[-ring].t if len(samples) >= ring else 0.0  # a full ring covers less than the window
+    span = min(50.0, max(now - start, 1.0))
+    for name, key in (("tenant", lambda s: s.tenant), ("deployment", lambda s: s.deployment)):
+        groups: dict[str, list[RequestSample]] = {}
+        for s in kept:
+            groups.setdefault(key(s), []).append(s)
+        got = tracker.by_tenant(now) if name == "tenant" else tracker.by_deployment(now)
+        assert set(got) == set(groups)
+        for g, members in groups.items():
+            want = summarise(members, span_s=span, ttft_target_s=1.0)
+            have = got[g]
+            assert (have.requests, have.ok, have.errors, have.rejected) == (
+                want.requests,
+                want.ok,
+                want.errors,
+                want.rejected,
+            )
+            for field_name in ("ttft_p50_s", "ttft_p95_s", "e2e_p95_s", "otps_p50", "otps_p10", "attainment"):
+                a, b = getattr(have, field_name), getattr(want, field_name)
+                assert (a is None) == (b is None) and (
+                    a is None or a == pytest.approx(b, rel=1e-9, abs=1e-12)
+                )
+            assert have.mu_per_min == pytest.approx(want.mu_per_min)
+    assert len(tracker.samples(now)) == len(kept)

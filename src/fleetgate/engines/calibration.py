@@ -357,6 +357,7 @@ async def calibrate_engine(
     progress: bool = True,
     name: str | None = None,
     busy_clock: Callable[[], float] | None = None,
+    min_requests: int = 8,
 ) -> CalibrationRun:
     """Run the sweep against ``engine`` and fit the profile (see the module docstring).
 
@@ -397,7 +398,11 @@ async def calibrate_engine(
                     )
 
                 sat = await probe.saturate(
-                    _constant(shape), point.concurrencies, requests_per_worker=rpw, on_level=show
+                    _constant(shape),
+                    point.concurrencies,
+                    requests_per_worker=rpw,
+                    min_requests=min_requests,
+                    on_level=show,
                 )
                 best = sat.best
                 measurements.append(

@@ -272,7 +272,7 @@ class WorkerPool:
 
     # -- work ---------------------------------------------------------------------------------------------
 
-    async def run(self, kind: str, payload: bytes | str, spec: ImageSpec | None) -> Any:
+    async def run(self, kind: str, payload: bytes | str | float, spec: ImageSpec | None) -> Any:
         """Run one task on an idle worker; raises ``ImageError`` (bad image) or ``WorkerCrashedError``."""
         await self.start()
         assert self._idle is not None

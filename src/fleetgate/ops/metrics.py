@@ -45,11 +45,10 @@ class SloCollector(Collector):
         now = self.clock()
         tracker = self.tracker
         reserved = self.reservations()
-        counts: dict[str, int] = {}
-        for s in tracker.samples(now):
-            counts[s.tenant] = counts.get(s.tenant, 0) + 1
+        window = tracker.window(now)
+        counts = window.counts_by_tenant()
         label = top_tenants(counts, {t: sum(d.values()) for t, d in reserved.items()}, self.max_tenants)
-        stats = tracker.by_tenant_deployment(now, label)
+        stats = window.by_tenant_deployment(label)
         labels = ["tenant", "deployment"]
         window = GaugeMetricFamily(
             "fleetgate_slo_window_seconds", "Length of the sliding window the SLO gauges cover."

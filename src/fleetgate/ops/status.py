@@ -83,7 +83,9 @@ def autoscaler_rows(autoscalers: Mapping[str, Any], now: float) -> list[dict[str
         decisions = []
         prev: int | None = None
         for t, desired, ready, util in history:
-            if prev is not None and desired != prev:
+            if prev is None:
+                prev = ready  # the first decision changes the count the loop found
+            if desired != prev:
                 decisions.append(
                     {"t": t - now, "from": prev, "to": desired, "ready": ready, "utilisation": _num(util)}
                 )
@@ -114,9 +116,10 @@ def build_status(
     admission: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole status document (see docs/user-guide.md, "Reading the dashboard")."""
-    per_tenant = tracker.by_tenant(now)
-    per_deployment = tracker.by_deployment(now)
-    per_replica = tracker.by_replica(now)
+    window = tracker.window(now)
+    per_tenant = window.by_tenant()
+    per_deployment = window.by_deployment()
+    per_replica = window.by_replica()
     known = {t.name: t for t in tenants}
     tenant_rows = []
     for name in sorted(set(known) | set(per_tenant)):

@@ -25,7 +25,7 @@ from fleetgate.config import OpsConfig
 from fleetgate.core.errors import PermissionDeniedError
 from fleetgate.ops.logging import request_context_middleware
 from fleetgate.ops.metrics import SloCollector
-from fleetgate.ops.slo import RequestSample, SloTracker, classify
+from fleetgate.ops.slo import SloTracker, classify
 from fleetgate.ops.status import TenantInfo, build_status
 
 access_log = logging.getLogger("fleetgate.access")
@@ -91,18 +91,8 @@ class Ops:
         """One finished request (called by the proxy). Unauthenticated or unknown-model calls are skipped."""
         if tenant and deployment and deployment != "unknown":
             outcome = classify(status, dispatched=bool(replica), error_kind=error_kind)
-            self.tracker.observe(
-                RequestSample(
-                    t=end,
-                    tenant=tenant,
-                    deployment=deployment,
-                    replica=replica,
-                    outcome=outcome,
-                    e2e_s=end - start,
-                    ttft_s=ttft_s,
-                    output_tokens=output_tokens,
-                    mu=mu or 0.0,
-                )
+            self.tracker.record(
+                end, tenant, deployment, replica, outcome, end - start, ttft_s, output_tokens, mu or 0.0
             )
         if self.config.access_log and access_log.isEnabledFor(logging.INFO):
             access_log.info(

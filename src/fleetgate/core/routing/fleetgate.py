@@ -40,7 +40,7 @@ from fleetgate.core.routing.keys import KeyFunction
 from fleetgate.core.routing.outlier import OutlierDetector
 from fleetgate.core.routing.pipeline import PickContext, no_replica_error
 from fleetgate.core.routing.prefix_index import PrefixIndex
-from fleetgate.core.routing.rates import DecayingRates, SlidingSums
+from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads, SlidingSums
 from fleetgate.core.types import RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
 from fleetgate.core.units import load_profile
 
@@ -129,10 +129,9 @@ class FleetgatePolicy:
         )
         self.index: PrefixIndex | None = None
         self.replica_load = SlidingSums(load_window_s)
-        self.replica_rates: DecayingRates[str] = DecayingRates(rate_tau_s)
+        self.loads = ReplicaLoads(rate_tau_s)
         self.key_rates: DecayingRates[int] = DecayingRates(rate_tau_s)
         self._pending: dict[int, list[str]] = {}
-        self._finish: dict[str, float] = {}
         self._charged: dict[str, float] = {}
         # (request object, replica, prefill MU given its expected cache, MU/s) of the last pick.
         self._memo: tuple[RequestInfo | None, str, float, float] = (None, "", 0.0, 1.0)
@@ -219,20 +218,25 @@ class FleetgatePolicy:
         bt = request.prefix_block_tokens
 
         # Recent MU per replica (the load guard's signal), on a "MU over the horizon" scale.
-        if self.load_signal == "window":
+        loads = self.loads
+        reps = loads.reps
+        window = self.load_signal == "window"
+        if window:
             load = self.replica_load
             load.expire(now)
             sums = load.sums
-            rates = [sums.get(r.name, 0.0) for r in cands]
             horizon = load.window_s
+            k = 1.0
+            total = sum(sums.get(r.name, 0.0) for r in cands)
+            known = n
         else:
-            rr = self.replica_rates
-            horizon = rr.tau_s
-            k = rr.scale(now) * horizon
-            vals = rr.values
-            rates = [vals.get(r.name, 0.0) * k for r in cands]
+            sums = {}
+            horizon = loads.tau_s
+            k = loads.scale(now) * horizon  # stored load -> MU over the last ``tau`` seconds
+            total = loads.total * k
+            known = max(n, len(reps))  # mean over every replica with recent load (routable or not)
         own = request.cost_mu if request.cost_mu > 0 else full
-        mean = (sum(rates) + own) / n
+        mean = (total + own) / known
         rel_lim = self.load_bound * mean - own
         rel_lim_cached = self.cached_load_bound * mean - own
         slack = self.guard_min_util * horizon
@@ -241,7 +245,6 @@ class FleetgatePolicy:
         hot = len(subset) > aff.min_subset
         exempt_tokens = self.guard_exempt_ratio * inp if inp > 0 and not hot else _INF
 
-        finish = self._finish
         sticky = self.sticky_cache
         skipped = 0
         while True:  # a second pass without the guard only if the guard left nothing (a huge request)
@@ -251,14 +254,20 @@ class FleetgatePolicy:
             deep_d = 0
             sub_rank = 1 << 30
             for i, r in enumerate(cands):
-                v = rates[i]
                 name = r.name
                 cap = r.capacity_mu_per_min / 60.0
                 if cap <= 0.0:
                     cap = 1e-9
                 # Time to first token: prefill queued ahead (virtual finish time) + own uncached prefill.
-                f = finish.get(name, 0.0)
-                wait = f - now if f > now else 0.0
+                st = reps.get(name)
+                if st is None:
+                    v = 0.0
+                    wait = 0.0
+                else:
+                    v = st[0] * k
+                    wait = st[1] - now if st[1] > now else 0.0
+                if window:
+                    v = sums.get(name, 0.0)
                 w = r.engine_waiting
                 if w and r.inflight_requests > 0:
                     # Requests the engine has not started (queued or memory-bound): the replica may be far
@@ -333,11 +342,10 @@ class FleetgatePolicy:
         # Expected settled cost: the estimate, less the prefill the expected cache hit saves.
         cost = request.cost_mu - full + pre if request.cost_mu > 0 else pre + self.gamma
         self._cap_rate = cap
-        f = self._finish.get(replica, 0.0)
-        self._finish[replica] = (f if f > now else now) + pre / cap
+        self.loads.queue(replica, pre / cap, now)
         if self.load_signal == "window":
             self.replica_load.add(replica, cost, now)
-        self.replica_rates.add(replica, cost, now)
+        self.loads.add(replica, cost, now)
         if request.request_id:
             if len(self._charged) > 100_000:  # outcomes that never came back: forget them
                 self._charged.clear()
@@ -375,7 +383,7 @@ class FleetgatePolicy:
         charged = self._charged.pop(request.request_id, None)
         if charged is not None and ok and cost_mu > 0:
             # Settle: the load signal follows what the request really cost, not its estimate.
-            self.replica_rates.add(replica, cost_mu - charged, now)
+            self.loads.add(replica, cost_mu - charged, now)
             if self.load_signal == "window":
                 self.replica_load.add(replica, cost_mu - charged, now)
 
@@ -392,6 +400,8 @@ class FleetgatePolicy:
         ttl_edge = now - self.key_ttl_s
         kscale = self.key_rates.scale(now)
         kvals = self.key_rates.values
+        for name in [m for m in self.loads.reps if m not in present]:
+            self.loads.discard(name)  # departed: no longer part of the mean
         for key, state in list(aff.keys.items()):
             if state.last_seen < ttl_edge:
                 aff.forget(key)
@@ -410,9 +420,8 @@ class FleetgatePolicy:
     def rebalance(self, now: float, members: list[str]) -> int:
         """Move the fewest keys off replicas above the band; returns how many slots moved."""
         aff = self.affinity
-        rr = self.replica_rates
-        scale = rr.scale(now)
-        rate = {m: rr.values.get(m, 0.0) * scale for m in members}
+        rr = self.loads
+        rate = {m: rr.rate(m, now) for m in members}
         mean = sum(rate.values()) / len(members)
         if mean <= 0:
             return 0

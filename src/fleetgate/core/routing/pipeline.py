@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from fleetgate.core.errors import ServiceUnavailableError
 from fleetgate.core.routing.outlier import OutlierDetector
@@ -100,9 +100,7 @@ class PipelinePolicy:
         self._weight_sum = sum(w for _, w in self.scorers) or 1.0
         parts: list[object] = [*self.filters, *(s for s, _ in self.scorers), picker]
         self._observers: tuple[Observer, ...] = tuple(
-            p  # type: ignore[misc,unused-ignore]
-            for p in parts
-            if hasattr(p, "on_dispatch") and hasattr(p, "on_complete")
+            cast(Observer, p) for p in parts if hasattr(p, "on_dispatch") and hasattr(p, "on_complete")
         )
 
     def pick(

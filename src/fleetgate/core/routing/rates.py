@@ -102,3 +102,71 @@ class SlidingSums:
             self.total = 0.0
             for key in sums:
                 sums[key] = 0.0
+
+
+class ReplicaLoads:
+    """Per replica, in one dict entry ``[load, finish]`` (one lookup per replica on the hot path):
+
+    - ``load``: dispatched MU, exponentially decayed with ``tau_s`` on a shared time base exactly like
+      ``DecayingRates`` (``rate = load * scale(now)``); ``total`` is the sum over all replicas;
+    - ``finish``: the virtual time at which the prefill work queued on the replica drains (a fluid queue).
+    """
+
+    __slots__ = ("_exp", "base", "reps", "tau_s", "total")
+
+    def __init__(self, tau_s: float) -> None:
+        if tau_s <= 0:
+            raise ValueError("tau_s must be positive")
+        self.tau_s = tau_s
+        self.base = 0.0
+        self.total = 0.0
+        self.reps: dict[str, list[float]] = {}
+        self._exp = math.exp
+
+    def _entry(self, name: str) -> list[float]:
+        st = self.reps.get(name)
+        if st is None:
+            st = self.reps[name] = [0.0, 0.0]
+        return st
+
+    def add(self, name: str, amount: float, now: float) -> None:
+        """Add ``amount`` MU dispatched to (or settled on) ``name`` at ``now``."""
+        if now - self.base > _REBASE_AFTER_TAUS * self.tau_s:
+            self.rebase(now)
+        v = amount * self._exp((now - self.base) / self.tau_s)
+        self._entry(name)[0] += v
+        self.total += v
+
+    def queue(self, name: str, seconds: float, now: float) -> None:
+        """Queue ``seconds`` of prefill work on ``name`` behind whatever is still queued."""
+        st = self._entry(name)
+        st[1] = (st[1] if st[1] > now else now) + seconds
+
+    def scale(self, now: float) -> float:
+        """Factor turning a stored load into MU per second at ``now``."""
+        return self._exp(-(now - self.base) / self.tau_s) / self.tau_s
+
+    def rate(self, name: str, now: float) -> float:
+        st = self.reps.get(name)
+        return 0.0 if st is None else st[0] * self.scale(now)
+
+    def shift(self, src: str, dst: str, rate: float, now: float) -> None:
+        """Move ``rate`` MU/s of recent load from ``src`` to ``dst`` (after a reassignment)."""
+        a = self._entry(src)
+        moved = min(rate / self.scale(now), a[0])
+        a[0] -= moved
+        self._entry(dst)[0] += moved
+
+    def rebase(self, now: float) -> None:
+        if now <= self.base:
+            return
+        f = self._exp(-(now - self.base) / self.tau_s)
+        for st in self.reps.values():
+            st[0] *= f
+        self.total *= f
+        self.base = now
+
+    def discard(self, name: str) -> None:
+        st = self.reps.pop(name, None)
+        if st is not None:
+            self.total -= st[0]
