@@ -56,8 +56,15 @@ def build_images(cfg: FleetgateConfig) -> ImagePipeline | None:
     return build_pipeline(cfg.multimodal)
 
 
-def attach_images(app: web.Application, images: ImagePipeline, *, prestart: bool) -> None:
-    """Tie the pipeline's workers to the app's lifecycle (started on startup if asked; always closed)."""
+def attach_images(
+    app: web.Application, images: ImagePipeline, *, prestart: bool, registry: CollectorRegistry | None = None
+) -> None:
+    """Tie the pipeline's workers to the app's lifecycle (started on startup if asked; always closed) and
+    its counters to /metrics."""
+    if registry is not None:
+        from fleetgate.multimodal.metrics import register
+
+        register(images, registry)
 
     async def on_startup(_: web.Application) -> None:
         await images.start()
@@ -100,7 +107,7 @@ def build_gateway(
         proxy=proxy, fleet=fleet, metrics=metrics, max_body_bytes=gw.max_body_bytes, created=int(wall_clock())
     )
     if images is not None:
-        attach_images(app, images, prestart=cfg.multimodal.prestart)
+        attach_images(app, images, prestart=cfg.multimodal.prestart, registry=metrics.registry)
     if not isinstance(gate, OpenAdmission):
         from fleetgate.admission.http import add_admin_routes
         from fleetgate.admission.service import AdmissionService

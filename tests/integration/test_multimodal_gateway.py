@@ -213,5 +213,9 @@ async def test_bad_images_get_clear_400s_and_pool_keeps_serving(start_engine: An
             assert ok.status_code == 200, ok.text
             health = await client.get("/healthz")
             assert health.status_code == 200
+            metrics = (await client.get("/metrics")).text
+        assert f"fleetgate_images_rejected_total {float(len(cases))}" in metrics
+        assert "fleetgate_images_processed_total 1.0" in metrics
+        assert "fleetgate_image_workers 1.0" in metrics
     finally:
         await server.stop(1.0)

@@ -137,3 +137,18 @@ async def test_naive_mode_gives_same_shape() -> None:
     _, tokens = await p.process_body(body({"type": "image_url", "image_url": {"url": data_url(1344, 1008)}}))
     assert tokens == 24 * 18
     await p.close()
+
+
+async def test_overrunning_worker_gives_clear_400_and_is_replaced() -> None:
+    p = ImagePipeline(MultimodalConfig(workers=1, task_timeout_s=0.001, fetch_urls=False), budget=BUDGET)
+    try:
+        await p.start()
+        assert p.pool is not None
+        first = p.pool.pids()
+        with pytest.raises(InvalidRequestError) as info:
+            await p.process_body(body({"type": "image_url", "image_url": {"url": data_url(4000, 3000)}}))
+        assert info.value.status == 400 and info.value.code == "image_processing_failed"
+        assert "took longer than 0.001 s; the worker was stopped and replaced" in info.value.message
+        assert p.pool.pids() != first and len(p.pool.pids()) == 1
+    finally:
+        await p.close()

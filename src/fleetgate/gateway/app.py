@@ -16,6 +16,7 @@ from fleetgate.gateway.errors import (
 )
 from fleetgate.gateway.fleet import Fleet
 from fleetgate.gateway.metrics import GatewayMetrics
+from fleetgate.gateway.openapi import add_openapi_route
 from fleetgate.gateway.proxy import Proxy
 
 
@@ -63,4 +64,5 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", prometheus)
+    add_openapi_route(app)  # GET /openapi.json (fleetgate.gateway.openapi)
     return app

@@ -48,25 +48,43 @@ class JsonFormatter(logging.Formatter):
     def __init__(self, *, redact: bool = True) -> None:
         super().__init__()
         self.redact = redact
+        self._second = -1
+        self._prefix = ""
+
+    def _timestamp(self, created: float) -> str:
+        second = int(created)
+        if second != self._second:  # strftime once per second, not once per line
+            self._second = second
+            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._prefix}.{int((created - second) * 1000):03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
         data: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
+            "ts": self._timestamp(record.created),
+            "level": _LEVEL_NAMES.get(record.levelno) or record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        request_id = getattr(record, "request_id", None) or REQUEST_ID.get()
+        attrs = record.__dict__
+        request_id = attrs.get("request_id") or REQUEST_ID.get()
         if request_id:
             data["request_id"] = request_id
-        for key, value in record.__dict__.items():
-            if key in _STANDARD or key in data or key.startswith("_"):
+        for key, value in attrs.items():
+            if key in _STANDARD or key in data or key[0] == "_":
                 continue
             data[key] = "[redacted]" if self.redact and key.lower() in SENSITIVE_FIELDS else value
         if record.exc_info:
             data["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(data, default=str).decode()
+
+
+_LEVEL_NAMES = {
+    logging.DEBUG: "debug",
+    logging.INFO: "info",
+    logging.WARNING: "warning",
+    logging.ERROR: "error",
+    logging.CRITICAL: "critical",
+}
 
 
 class TextFormatter(logging.Formatter):

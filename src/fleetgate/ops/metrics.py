@@ -45,10 +45,10 @@ class SloCollector(Collector):
         now = self.clock()
         tracker = self.tracker
         reserved = self.reservations()
-        window = tracker.window(now)
-        counts = window.counts_by_tenant()
+        snap = tracker.window(now)
+        counts = snap.counts_by_tenant()
         label = top_tenants(counts, {t: sum(d.values()) for t, d in reserved.items()}, self.max_tenants)
-        stats = window.by_tenant_deployment(label)
+        stats = snap.by_tenant_deployment(label)
         labels = ["tenant", "deployment"]
         window = GaugeMetricFamily(
             "fleetgate_slo_window_seconds", "Length of the sliding window the SLO gauges cover."

@@ -387,7 +387,7 @@ class SloWindow:
         self.sorted_columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for name, values in (("ttft", first), ("e2e", tr._e2e[idx]), ("otps", tr._otps[idx])):
             keep = np.flatnonzero(ok & ~np.isnan(values))
-            order = keep[np.argsort(values[keep], kind="stable")]
+            order = keep[np.argsort(values[keep])]  # ties are equal values: any order
             self.sorted_columns[name] = (order, values[order])
 
     def counts_by_tenant(self) -> dict[str, int]:
@@ -478,7 +478,7 @@ def _group_quantiles(
     order = np.argsort(keys, kind="stable")
     g_sorted = groups[order]
     v_sorted = values[order]
-    ids = np.arange(n_groups)
+    ids = np.arange(n_groups, dtype=g_sorted.dtype)
     starts = np.searchsorted(g_sorted, ids, side="left")
     ends = np.searchsorted(g_sorted, ids, side="right")
     for g in np.flatnonzero(ends > starts):

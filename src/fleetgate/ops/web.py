@@ -30,6 +30,8 @@ from fleetgate.ops.status import TenantInfo, build_status
 
 access_log = logging.getLogger("fleetgate.access")
 
+STATUS_CACHE_S = 0.5  # the page polls every 1.5 s; a summary of a full window takes ~0.1 s
+
 _STATIC_TYPES = {".html": "text/html", ".js": "application/javascript", ".css": "text/css"}
 
 
@@ -69,6 +71,7 @@ class Ops:
         self.tracker.started_s = self.clock()
         self.wall_clock = wall_clock
         self._static = _load_static() if self.config.ui else {}
+        self._status_cache: tuple[float, dict[str, Any]] | None = None
 
     # -- the request hook ---------------------------------------------------------------------------------
 
@@ -95,22 +98,24 @@ class Ops:
                 end, tenant, deployment, replica, outcome, end - start, ttft_s, output_tokens, mu or 0.0
             )
         if self.config.access_log and access_log.isEnabledFor(logging.INFO):
-            access_log.info(
-                "request finished",
-                extra={
-                    "request_id": request_id,
-                    "tenant": tenant or None,
-                    "deployment": deployment,
-                    "replica": replica or None,
-                    "endpoint": endpoint,
-                    "status": status,
-                    "error_kind": error_kind,
-                    "ttft_s": None if ttft_s is None else round(ttft_s, 4),
-                    "e2e_s": round(end - start, 4),
-                    "output_tokens": output_tokens,
-                    "mu": None if mu is None else round(mu, 4),
-                },
+            fields = {
+                "request_id": request_id,
+                "tenant": tenant or None,
+                "deployment": deployment,
+                "replica": replica or None,
+                "endpoint": endpoint,
+                "status": status,
+                "error_kind": error_kind,
+                "ttft_s": None if ttft_s is None else round(ttft_s, 4),
+                "e2e_s": round(end - start, 4),
+                "output_tokens": output_tokens,
+                "mu": None if mu is None else round(mu, 4),
+            }
+            # makeRecord + handle: what Logger.info does, minus its stack walk for the caller (per request)
+            record = access_log.makeRecord(
+                access_log.name, logging.INFO, __file__, 0, "request finished", (), None, extra=fields
             )
+            access_log.handle(record)
 
     # -- data ---------------------------------------------------------------------------------------------
 
@@ -134,6 +139,16 @@ class Ops:
         return {t.name: dict(t.reserved_mu_per_min or {}) for t in self.tenants()}
 
     def status(self) -> dict[str, Any]:
+        """The status document, computed at most once per ``STATUS_CACHE_S`` (several open pages share it)."""
+        now = self.clock()
+        cached = self._status_cache
+        if cached is not None and 0 <= now - cached[0] < STATUS_CACHE_S:
+            return cached[1]
+        doc = self._build_status()
+        self._status_cache = (now, doc)
+        return doc
+
+    def _build_status(self) -> dict[str, Any]:
         admission = self.server.proxy.admission
         info: dict[str, Any] | None = None
         core = getattr(admission, "core", None)

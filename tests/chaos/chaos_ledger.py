@@ -1,0 +1,723 @@
+"""Chaos harness: a fleet of simulated engines behind two gateways sharing Redis, a load generator that keeps
+a ledger of every request, a fault schedule, and the invariant checks run at the end.
+
+Shared by tests/chaos (CI and long variants) and bench/soak.py. Real processes only, all on 127.0.0.1 free
+ports. The harness also plays the role of a process supervisor (systemd/Kubernetes): a crashed engine is
+started again on the same port, and a stopped Redis is started again; the gateways are told nothing, so
+recovery (health states back to healthy, routing resumed) is the gateways' own work.
+
+How mixing is detected: every request carries a nonce in its prompt and in ``x-request-id``. The simulated
+engine's output text is a deterministic function of the rendered prompt (``simengine.textgen``), so the
+harness recomputes the exact text each request must get; a response for another request has a different
+start word (49 in 50) and, since every request asks for a different ``max_tokens``, usually another length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+
+from fleetgate.core.tokenize import count_tokens, render_chat_prompt
+from fleetgate.simengine.textgen import start_index, tokens_text
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+MODEL = "chaos-model"
+KEYS = {"alpha": "sk-chaos-alpha-7f3e", "capped": "sk-chaos-capped-91ab", "admin": "sk-chaos-admin-c0de"}
+
+
+def _integration_tools() -> ModuleType:
+    """``tests/integration/conftest.py`` (ServerProcess & co.), loaded read-only under another name."""
+    name = "fleetgate_integration_tools"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "integration" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+TOOLS = _integration_tools()
+ServerProcess = TOOLS.ServerProcess
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_port(port: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+# -- processes ----------------------------------------------------------------------------------------------
+
+
+class Redis:
+    """A private redis-server (the harness stops and restarts it to simulate an outage)."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server not installed")
+        self.binary = binary
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="chaos-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
+             "--dir", self.dir],  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        if not wait_port(self.port):
+            raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Engine:
+    """One simulated engine on a fixed port, restartable there (the supervisor's job after a crash)."""
+
+    def __init__(self, index: int, time_scale: float) -> None:
+        self.index = index
+        self.port = free_port()
+        self.time_scale = time_scale
+        self.proc: Any = None
+        self.restarts = 0
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        args = [PY, "-m", "fleetgate.cli", "engine", "sim", "--port", str(self.port), "--model", MODEL,
+                "--time-scale", str(self.time_scale), "--seed", str(self.index)]  # fmt: skip
+        self.proc = ServerProcess(args, name=f"engine-{self.index}")
+        self.proc.wait_ready(30)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+
+
+class Gateway:
+    """``fleetgate serve --config`` with its output captured (for the key-leak checks too)."""
+
+    def __init__(self, config: Path, name: str) -> None:
+        self.proc = ServerProcess(
+            [PY, "-m", "fleetgate.cli", "serve", "--config", str(config)], name=name
+        )
+        self.url: str = self.proc.wait_ready(30)
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+
+def gateway_config(
+    path: Path,
+    engines: Sequence[Engine],
+    redis_url: str,
+    *,
+    capped_rpm: float,
+    first_byte_timeout_s: float = 2.0,
+    stream_idle_timeout_s: float = 1.5,
+) -> Path:
+    cfg: dict[str, Any] = {
+        "gateway": {
+            "host": "127.0.0.1",
+            "port": 0,
+            "scrape_interval_s": 0.5,
+            "first_byte_timeout_s": first_byte_timeout_s,
+            "stream_idle_timeout_s": stream_idle_timeout_s,
+            "max_attempts": 3,
+            "shutdown_grace_s": 5.0,
+            "health_checks": True,
+        },
+        "deployments": [
+            {
+                "model": MODEL,
+                "capacity_mu_per_min": 1.0e7,
+                "routing": {"policy": "least_requests"},
+                "replicas": [{"name": f"e{e.index}", "url": e.url} for e in engines],
+            }
+        ],
+        "tenants": [
+            {"name": "alpha", "api_keys": [KEYS["alpha"]], "priority": "interactive",
+             "reserved_mu_per_min": {MODEL: 1.0e6}, "best_effort_mu_per_min": None},
+            {"name": "capped", "api_keys": [KEYS["capped"]], "priority": "interactive",
+             "reserved_mu_per_min": {MODEL: 1.0e6}, "requests_per_minute": capped_rpm},
+        ],  # fmt: skip
+        "admission": {
+            "admin_api_keys": [KEYS["admin"]],
+            "deadline_s": 5.0,
+            "burst_s": 0.0,
+            "store": {"kind": "redis", "url": redis_url, "fail_open": False, "timeout_s": 0.25},
+        },
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+# -- ledger -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    """One request sent and what became of it."""
+
+    nonce: str
+    tenant: str
+    stream: bool
+    max_tokens: int
+    sent: float = 0.0
+    done: float = 0.0
+    gateway: str = ""
+    status: int | None = None  # HTTP status; None: no response at all
+    outcome: str = "pending"  # ok | error (explicit, HTTP or SSE event) | lost (no explicit answer) | hung
+    error: str = ""
+    text: str = ""
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    response_ids: set[str] = field(default_factory=set)
+    echoed_id: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"chaos request {self.nonce}: tell me about rivers"}]
+
+    def expected_text(self, tokens: int) -> str:
+        return tokens_text(start_index(render_chat_prompt(self.messages)), 0, tokens)
+
+
+class Front:
+    """The clients' load balancer: the active gateway, failing over when its listener is gone (nothing was
+    sent, so the retry cannot duplicate anything)."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.urls = list(urls)
+        self.active = 0
+
+    def url(self) -> str:
+        return self.urls[self.active]
+
+    def failover(self, bad: str) -> None:
+        if self.urls[self.active] == bad and self.active + 1 < len(self.urls):
+            self.active += 1
+
+
+class LoadGen:
+    """Closed-loop workers sending chat requests (stream and not) and recording every outcome."""
+
+    def __init__(
+        self,
+        front: Front,
+        *,
+        total: int,
+        workers: int,
+        deadline_s: float,
+        seed: int = 1,
+        capped_share: float = 0.2,
+        stream_share: float = 0.6,
+        think_s: float = 0.0,
+    ) -> None:
+        self.front = front
+        self.total = total
+        self.workers = workers
+        self.deadline_s = deadline_s
+        self.rng = random.Random(seed)
+        self.capped_share = capped_share
+        self.stream_share = stream_share
+        self.think_s = think_s
+        self.ledger: list[Entry] = []
+        self.failovers = 0
+        self._next = 0
+
+    @property
+    def sent(self) -> int:
+        return self._next
+
+    def _make(self) -> Entry | None:
+        if self._next >= self.total:
+            return None
+        i = self._next
+        self._next += 1
+        tenant = "capped" if self.rng.random() < self.capped_share else "alpha"
+        entry = Entry(
+            nonce=f"c{i:06d}-{self.rng.getrandbits(40):010x}",
+            tenant=tenant,
+            stream=self.rng.random() < self.stream_share,
+            max_tokens=4 + i % 29,
+        )
+        self.ledger.append(entry)
+        return entry
+
+    async def run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=2.0)
+        conn = aiohttp.TCPConnector(limit=0, force_close=False)
+        async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
+            await asyncio.gather(*(self._worker(session) for _ in range(self.workers)))
+
+    async def _worker(self, session: aiohttp.ClientSession) -> None:
+        while (entry := self._make()) is not None:
+            await self.one(session, entry)
+            if self.think_s:
+                await asyncio.sleep(self.think_s * self.rng.random() * 2)
+
+    async def one(self, session: aiohttp.ClientSession, entry: Entry) -> None:
+        body: dict[str, Any] = {
+            "model": MODEL,
+            "messages": entry.messages,
+            "max_tokens": entry.max_tokens,
+            "stream": entry.stream,
+        }
+        if entry.stream:
+            body["stream_options"] = {"include_usage": True}
+        headers = {
+            "Authorization": f"Bearer {KEYS[entry.tenant]}",
+            "x-request-id": entry.nonce,
+            "Content-Type": "application/json",
+        }
+        entry.sent = time.monotonic()
+        for _ in range(3):  # only connection-refused (nothing sent) is retried, on the other gateway
+            url = self.front.url()
+            entry.gateway = url
+            try:
+                async with asyncio.timeout(self.deadline_s):
+                    await self._exchange(session, url, body, headers, entry)
+            except aiohttp.ClientConnectorError:
+                self.front.failover(url)
+                self.failovers += 1
+                await asyncio.sleep(0.05)
+                continue
+            except TimeoutError:
+                entry.outcome = "hung"
+                entry.error = f"no complete answer within {self.deadline_s} s"
+            except (aiohttp.ClientError, OSError, ValueError) as exc:
+                entry.outcome = "lost"
+                entry.error = f"{exc.__class__.__name__}: {exc}"
+            break
+        else:
+            entry.outcome = "lost"
+            entry.error = "no gateway accepted the connection"
+        entry.done = time.monotonic()
+
+    async def _exchange(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        entry: Entry,
+    ) -> None:
+        async with session.post(url + "/v1/chat/completions", data=orjson.dumps(body), headers=headers) as r:
+            entry.status = r.status
+            entry.echoed_id = r.headers.get("x-request-id")
+            if r.status != 200:
+                raw = await r.read()
+                entry.outcome = "error"
+                try:
+                    err = orjson.loads(raw)["error"]
+                    entry.error = f"{r.status} {err.get('type')}: {err.get('message')}"
+                except Exception:
+                    entry.outcome = "lost"  # an error without the OpenAI error body is not explicit
+                    entry.error = f"{r.status} unparseable body {raw[:100]!r}"
+                return
+            if not entry.stream:
+                data = orjson.loads(await r.read())
+                entry.response_ids.add(str(data.get("id")))
+                choice = data["choices"][0]
+                entry.text = choice["message"]["content"] or ""
+                entry.finish_reason = choice.get("finish_reason")
+                entry.completion_tokens = data["usage"]["completion_tokens"]
+                entry.outcome = "ok"
+                return
+            await self._read_stream(r, entry)
+
+    @staticmethod
+    async def _read_stream(r: aiohttp.ClientResponse, entry: Entry) -> None:
+        buf = b""
+        done = False
+        parts: list[str] = []
+        error_event: str | None = None
+        async for chunk in r.content.iter_any():
+            buf += chunk
+            while b"\n\n" in buf:
+                raw, buf = buf.split(b"\n\n", 1)
+                data = b"".join(
+                    line[5:].lstrip() for line in raw.split(b"\n") if line.startswith(b"data:")
+                )
+                if not data:
+                    continue
+                if data == b"[DONE]":
+                    done = True
+                    continue
+                event = orjson.loads(data)
+                if "error" in event:
+                    error_event = str(event["error"].get("message"))
+                    continue
+                if event.get("id") is not None:
+                    entry.response_ids.add(str(event["id"]))
+                for choice in event.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    if delta.get("content"):
+                        parts.append(delta["content"])
+                    if choice.get("finish_reason"):
+                        entry.finish_reason = choice["finish_reason"]
+                if event.get("usage"):
+                    entry.completion_tokens = event["usage"]["completion_tokens"]
+        entry.text = "".join(parts)
+        if error_event is not None:
+            entry.outcome = "error"
+            entry.error = f"SSE error event: {error_event}"
+        elif done:
+            entry.outcome = "ok"
+        else:
+            entry.outcome = "lost"
+            entry.error = "stream ended without [DONE] or an error event (silent truncation)"
+
+
+# -- invariants ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    total: int
+    ok: int
+    errors: int
+    lost: int
+    hung: int
+    duplicated_or_mixed: int
+    truncated: int
+    error_kinds: dict[str, int]
+    rate_limit_max_window: int
+    rate_limit_allowed: int
+    violations: list[str]
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{k}: {v}" for k, v in sorted(self.error_kinds.items(), key=lambda kv: -kv[1]))
+        return (
+            f"requests {self.total}: ok {self.ok}, explicit errors {self.errors}, lost {self.lost}, "
+            f"hung {self.hung}, duplicated/mixed {self.duplicated_or_mixed}, silently truncated "
+            f"{self.truncated}; capped tenant max admitted in a 60 s window {self.rate_limit_max_window} "
+            f"(allowed {self.rate_limit_allowed}); errors by kind: {kinds or '-'}"
+        )
+
+
+def _error_kind(entry: Entry) -> str:
+    if entry.error.startswith("SSE error event"):
+        return "sse:" + entry.error.split(":", 1)[1].strip().split(" ", 3)[0:3][-1][:20]
+    return entry.error.split(":", 1)[0][:40]
+
+
+def check(ledger: Sequence[Entry], *, capped_rpm: float, capped_concurrency: int) -> Report:
+    """Every invariant of the chaos run over the ledger; ``violations`` lists each breach."""
+    violations: list[str] = []
+    counts = {"ok": 0, "error": 0, "lost": 0, "hung": 0, "pending": 0}
+    mixed = truncated = 0
+    kinds: dict[str, int] = {}
+    seen_ids: dict[str, str] = {}
+    for e in ledger:
+        counts[e.outcome] = counts.get(e.outcome, 0) + 1
+        if e.outcome in ("lost", "hung", "pending"):
+            violations.append(f"{e.nonce}: {e.outcome}: {e.error}")
+            if "truncation" in e.error:
+                truncated += 1
+            continue
+        if e.outcome == "error":
+            kinds[_error_kind(e)] = kinds.get(_error_kind(e), 0) + 1
+        if e.echoed_id is not None and e.echoed_id != e.nonce:
+            mixed += 1
+            violations.append(f"{e.nonce}: answered with x-request-id {e.echoed_id}")
+        if len(e.response_ids) > 1:
+            mixed += 1
+            violations.append(f"{e.nonce}: chunks of several responses {sorted(e.response_ids)}")
+        for rid in e.response_ids:
+            other = seen_ids.get(rid)
+            # engine ids restart with the process, so an id may repeat across restarts; the text check below
+            # is what proves the content belongs to this request
+            seen_ids[rid] = other or e.nonce
+        if e.outcome == "ok":
+            expected = e.expected_text(e.max_tokens)
+            if e.text != expected:
+                mixed += 1
+                violations.append(f"{e.nonce}: text is not this request's ({e.text[:40]!r} != {expected[:40]!r})")
+            if e.completion_tokens != e.max_tokens or count_tokens(e.text) != e.completion_tokens:
+                truncated += 1
+                violations.append(
+                    f"{e.nonce}: usage {e.completion_tokens} tokens, received {count_tokens(e.text)}, "
+                    f"asked {e.max_tokens}"
+                )
+            if e.finish_reason is None:
+                truncated += 1
+                violations.append(f"{e.nonce}: no finish_reason")
+        elif e.text:  # an explicit mid-stream error: what arrived must still be this request's own prefix
+            expected = e.expected_text(e.max_tokens)
+            if not expected.startswith(e.text):
+                mixed += 1
+                violations.append(f"{e.nonce}: partial text is not a prefix of this request's answer")
+    # rate limit of the capped tenant: any 60 s window admits at most the limit plus one (burst_s 0); the
+    # client sees send times, which trail admission by at most its own concurrency
+    admitted = sorted(e.sent for e in ledger if e.tenant == "capped" and e.status == 200)
+    worst = 0
+    j = 0
+    for i, t in enumerate(admitted):
+        while admitted[j] < t - 60.0:
+            j += 1
+        worst = max(worst, i - j + 1)
+    allowed = int(capped_rpm) + 1 + capped_concurrency
+    if worst > allowed:
+        violations.append(f"capped tenant: {worst} admitted within 60 s, limit {capped_rpm:g}")
+    return Report(
+        total=len(ledger),
+        ok=counts["ok"],
+        errors=counts["error"],
+        lost=counts["lost"] + counts["pending"],
+        hung=counts["hung"],
+        duplicated_or_mixed=mixed,
+        truncated=truncated,
+        error_kinds=kinds,
+        rate_limit_max_window=worst,
+        rate_limit_allowed=allowed,
+        violations=violations,
+    )
+
+
+# -- fault schedule -----------------------------------------------------------------------------------------
+
+
+async def set_fault(engine: Engine, kind: str, value: float | None = None) -> None:
+    body: dict[str, Any] = {"kind": kind}
+    if value is not None:
+        body["value"] = value
+    async with aiohttp.ClientSession() as s, s.post(engine.url + "/admin/fault", json=body) as r:
+        r.raise_for_status()
+
+
+async def restart_later(engine: Engine, delay_s: float) -> None:
+    """The supervisor: once the crashed engine exited, start it again on its port after ``delay_s``."""
+    for _ in range(200):
+        if not engine.alive():
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(delay_s)
+    engine.kill()
+    await asyncio.to_thread(engine.start)
+    engine.restarts += 1
+
+
+@dataclass
+class Event:
+    at: float  # share of the requests sent, in [0, 1)
+    name: str
+    done: bool = False
+
+
+class Chaos:
+    """Runs the scripted schedule against the fleet, keyed to the load's progress (machine-speed neutral)."""
+
+    def __init__(self, engines: list[Engine], redis: Redis, gateways: list[Gateway], load: LoadGen) -> None:
+        self.engines = engines
+        self.redis = redis
+        self.gateways = gateways
+        self.load = load
+        self.log: list[str] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        e = engines
+        self.schedule: list[tuple[float, str, Any]] = [
+            (0.04, "e0 error_rate 0.5 (HTTP 500s)", lambda: set_fault(e[0], "error_rate", 0.5)),
+            (0.10, "e1 slow x10", lambda: set_fault(e[1], "slow", 10)),
+            (0.14, "e0 fault cleared", lambda: set_fault(e[0], "none")),
+            (0.18, "e2 stall after 2 chunks", lambda: set_fault(e[2], "stall", 2)),
+            (0.24, "e1 fault cleared", lambda: set_fault(e[1], "none")),
+            (0.28, "e2 fault cleared", lambda: set_fault(e[2], "none")),
+            (0.30, "e3 hang", lambda: set_fault(e[3], "hang")),
+            (0.40, "e3 fault cleared", lambda: set_fault(e[3], "none")),
+            (0.42, "e0 crash (restarted by the supervisor after 1 s)", lambda: self._crash(e[0])),
+            (0.50, "redis outage (kill -9)", self._redis_down),
+            (0.56, "redis restarted (empty)", self._redis_up),
+            (0.64, "gateway A SIGTERM (clients fail over to gateway B)", self._sigterm_a),
+            (0.74, f"e{len(e) - 1} crash (restarted after 1 s)", lambda: self._crash(e[-1])),
+            (0.82, "e2 stall after 1 chunk", lambda: set_fault(e[2], "stall", 1)),
+            (0.86, "e2 fault cleared", lambda: set_fault(e[2], "none")),
+        ]
+
+    async def _crash(self, engine: Engine) -> None:
+        await set_fault(engine, "crash", 0)
+        self.tasks.append(asyncio.create_task(restart_later(engine, 1.0)))
+
+    async def _redis_down(self) -> None:
+        self.redis.stop()
+
+    async def _redis_up(self) -> None:
+        await asyncio.to_thread(self.redis.start)
+
+    async def _sigterm_a(self) -> None:
+        self.gateways[0].proc.signal(signal.SIGTERM)
+
+    async def run(self) -> None:
+        pending = list(self.schedule)
+        start = time.monotonic()
+        while pending and self.load.sent < self.load.total:
+            share = self.load.sent / self.load.total
+            while pending and pending[0][0] <= share:
+                _, name, action = pending.pop(0)
+                self.log.append(f"{time.monotonic() - start:7.2f}s @{share:.2f}: {name}")
+                try:
+                    await action()
+                except Exception as exc:  # a fault that could not be injected is reported, not hidden
+                    self.log.append(f"   failed: {exc!r}")
+            await asyncio.sleep(0.02)
+        for _, name, _ in pending:
+            self.log.append(f"not reached: {name}")
+        for t in self.tasks:
+            await t
+
+    async def clear_all(self) -> None:
+        for engine in self.engines:
+            if engine.alive():
+                with contextlib.suppress(Exception):
+                    await set_fault(engine, "none")
+
+
+async def fleet_health(url: str) -> dict[str, str]:
+    """Replica -> health state from the gateway's ``fleetgate_health_state`` gauge."""
+    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+        text = await r.text()
+    states: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("fleetgate_health_state{") and line.rstrip().endswith(" 1.0"):
+            labels = dict(
+                kv.split("=", 1) for kv in line[line.index("{") + 1 : line.index("}")].split(",") if "=" in kv
+            )
+            states[labels["replica"].strip('"')] = labels["state"].strip('"')
+    return states
+
+
+async def wait_full_health(url: str, replicas: int, timeout_s: float) -> tuple[bool, float, dict[str, str]]:
+    """Wait (without touching anything) until every replica is healthy and the gateway is ready."""
+    start = time.monotonic()
+    states: dict[str, str] = {}
+    while time.monotonic() - start < timeout_s:
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            states = await fleet_health(url)
+            async with aiohttp.ClientSession() as s, s.get(url + "/readyz") as r:
+                ready = r.status == 200
+            if ready and len(states) == replicas and all(v == "healthy" for v in states.values()):
+                return True, time.monotonic() - start, states
+        await asyncio.sleep(0.5)
+    return False, time.monotonic() - start, states
+
+
+@dataclass
+class ChaosResult:
+    report: Report
+    log: list[str]
+    wall_s: float
+    recovered: bool
+    recovery_s: float
+    health: dict[str, str]
+    gateway_output: str
+    metrics_text: str
+    gateway_a_exit: int | None
+    failovers: int
+
+
+async def run_chaos(
+    workdir: Path,
+    *,
+    total: int,
+    engines: int = 4,
+    workers: int = 24,
+    time_scale: float = 0.01,
+    capped_rpm: float = 600.0,
+    deadline_s: float = 30.0,
+) -> ChaosResult:
+    """The whole scenario; always stops every process it started."""
+    redis = Redis()
+    fleet: list[Engine] = []
+    gateways: list[Gateway] = []
+    try:
+        fleet = [Engine(i, time_scale) for i in range(engines)]
+        cfg = gateway_config(workdir / "chaos.yaml", fleet, redis.url, capped_rpm=capped_rpm)
+        gateways = [Gateway(cfg, "gateway-a"), Gateway(cfg, "gateway-b")]
+        load = LoadGen(Front([g.url for g in gateways]), total=total, workers=workers, deadline_s=deadline_s)
+        chaos = Chaos(fleet, redis, gateways, load)
+        t0 = time.monotonic()
+        await asyncio.gather(load.run(), chaos.run())
+        wall = time.monotonic() - t0
+        await chaos.clear_all()
+        recovered, recovery_s, health = await wait_full_health(gateways[1].url, engines, 90.0)
+        async with aiohttp.ClientSession() as s, s.get(gateways[1].url + "/metrics") as r:
+            metrics_text = await r.text()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(gateways[0].proc.wait, 10)
+        a_exit = gateways[0].proc.proc.poll()
+        capped_workers = max(1, round(workers * load.capped_share * 2))
+        report = check(load.ledger, capped_rpm=capped_rpm, capped_concurrency=capped_workers)
+        output = "\n".join(g.proc.output for g in gateways)
+        return ChaosResult(
+            report, chaos.log, wall, recovered, recovery_s, health, output, metrics_text, a_exit, load.failovers
+        )
+    finally:
+        for g in gateways:
+            g.kill()
+        for e in fleet:
+            e.kill()
+        redis.close()
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
