@@ -85,7 +85,7 @@ def main() -> int:
             "sim_wall_s": round(summary["wall_s"], 2),
             "total_wall_s_incl_loading": round(total, 2),
             "requests_per_s": round(summary["requests"] / summary["wall_s"]),
-            # CPU seconds of this process: the wall time on an otherwise idle core (the bench machine is shared).
+            # CPU seconds of this process = wall time on an otherwise idle core (the machine is shared).
             "cpu_s_incl_loading": round(cpu, 2),
             "requests_per_cpu_s": round(summary["requests"] / cpu),
             "ttft_mean_s": summary["ttft_mean_s"],

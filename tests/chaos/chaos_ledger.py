@@ -19,6 +19,7 @@ import contextlib
 import importlib.util
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -187,20 +188,20 @@ def gateway_config(
         "deployments": [
             {
                 "model": MODEL,
-                "capacity_mu_per_min": 1.0e7,
+                "capacity_mu_per_min": 6000.0,
                 "routing": {"policy": "least_requests"},
                 "replicas": [{"name": f"e{e.index}", "url": e.url} for e in engines],
             }
         ],
         "tenants": [
             {"name": "alpha", "api_keys": [KEYS["alpha"]], "priority": "interactive",
-             "reserved_mu_per_min": {MODEL: 1.0e6}, "best_effort_mu_per_min": None},
+             "reserved_mu_per_min": {MODEL: 1.0e9}, "best_effort_mu_per_min": None},
             {"name": "capped", "api_keys": [KEYS["capped"]], "priority": "interactive",
-             "reserved_mu_per_min": {MODEL: 1.0e6}, "requests_per_minute": capped_rpm},
+             "reserved_mu_per_min": {MODEL: 1.0e9}, "requests_per_minute": capped_rpm},
         ],  # fmt: skip
         "admission": {
             "admin_api_keys": [KEYS["admin"]],
-            "deadline_s": 5.0,
+            "deadline_s": 1.0,
             "burst_s": 0.0,
             "store": {"kind": "redis", "url": redis_url, "fail_open": False, "timeout_s": 0.25},
         },
@@ -231,7 +232,10 @@ class Entry:
     finish_reason: str | None = None
     response_ids: set[str] = field(default_factory=set)
     echoed_id: str | None = None
-    problems: list[str] = field(default_factory=list)
+    #: gateways a first attempt was sent to and whose connection broke before any response byte; the
+    #: client retried (as the OpenAI SDK does), and ``check`` proves from that gateway's access log that the
+    #: broken attempt never ran (else it would be a duplicate)
+    reset_on: list[str] = field(default_factory=list)
 
     @property
     def messages(self) -> list[dict[str, str]]:
@@ -271,6 +275,7 @@ class LoadGen:
         capped_share: float = 0.2,
         stream_share: float = 0.6,
         think_s: float = 0.0,
+        rate: float | None = None,
     ) -> None:
         self.front = front
         self.total = total
@@ -280,8 +285,11 @@ class LoadGen:
         self.capped_share = capped_share
         self.stream_share = stream_share
         self.think_s = think_s
+        self.rate = rate
+        self.t0 = 0.0
         self.ledger: list[Entry] = []
         self.failovers = 0
+        self.resets = 0
         self._next = 0
 
     @property
@@ -306,11 +314,17 @@ class LoadGen:
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=2.0)
         conn = aiohttp.TCPConnector(limit=0, force_close=False)
+        self.t0 = time.monotonic()
         async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
             await asyncio.gather(*(self._worker(session) for _ in range(self.workers)))
 
     async def _worker(self, session: aiohttp.ClientSession) -> None:
         while (entry := self._make()) is not None:
+            if self.rate:  # paced: request i starts no earlier than t0 + i / rate
+                slot = self.t0 + (self._next - 1) / self.rate
+                delay = slot - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
             await self.one(session, entry)
             if self.think_s:
                 await asyncio.sleep(self.think_s * self.rng.random() * 2)
@@ -341,6 +355,16 @@ class LoadGen:
                 self.failovers += 1
                 await asyncio.sleep(0.05)
                 continue
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if entry.status is None and not entry.reset_on:  # nothing came back: retry once
+                    entry.reset_on.append(url)
+                    entry.error = f"{exc.__class__.__name__}: {exc}"
+                    self.front.failover(url)
+                    self.resets += 1
+                    await asyncio.sleep(0.05)
+                    continue
+                entry.outcome = "lost"
+                entry.error = f"{exc.__class__.__name__}: {exc}"
             except TimeoutError:
                 entry.outcome = "hung"
                 entry.error = f"no complete answer within {self.deadline_s} s"
@@ -456,13 +480,17 @@ class Report:
 
 
 def _error_kind(entry: Entry) -> str:
-    if entry.error.startswith("SSE error event"):
-        return "sse:" + entry.error.split(":", 1)[1].strip().split(" ", 3)[0:3][-1][:20]
-    return entry.error.split(":", 1)[0][:40]
+    """A short bucket for an explicit error: status/type and the first words of the message."""
+    words = re.sub(r"[0-9.]+|'[^']*'", "#", entry.error).split()
+    return " ".join(words[:6])
 
 
-def check(ledger: Sequence[Entry], *, capped_rpm: float, capped_concurrency: int) -> Report:
-    """Every invariant of the chaos run over the ledger; ``violations`` lists each breach."""
+def check(
+    ledger: Sequence[Entry], *, capped_rpm: float, capped_concurrency: int, access_logs: dict[str, str]
+) -> Report:
+    """Every invariant of the chaos run over the ledger; ``violations`` lists each breach.
+
+    ``access_logs``: gateway URL -> its output, to prove that a retried attempt never ran there."""
     violations: list[str] = []
     counts = {"ok": 0, "error": 0, "lost": 0, "hung": 0, "pending": 0}
     mixed = truncated = 0
@@ -475,6 +503,10 @@ def check(ledger: Sequence[Entry], *, capped_rpm: float, capped_concurrency: int
             if "truncation" in e.error:
                 truncated += 1
             continue
+        for url in e.reset_on:
+            if f'"request_id":"{e.nonce}"' in access_logs.get(url, ""):
+                mixed += 1
+                violations.append(f"{e.nonce}: the attempt broken on {url} ran there too (duplicate)")
         if e.outcome == "error":
             kinds[_error_kind(e)] = kinds.get(_error_kind(e), 0) + 1
         if e.echoed_id is not None and e.echoed_id != e.nonce:
@@ -672,6 +704,7 @@ class ChaosResult:
     metrics_text: str
     gateway_a_exit: int | None
     failovers: int
+    resets: int
 
 
 async def run_chaos(
@@ -679,9 +712,10 @@ async def run_chaos(
     *,
     total: int,
     engines: int = 4,
-    workers: int = 24,
+    workers: int = 48,
+    rate: float = 30.0,
     time_scale: float = 0.01,
-    capped_rpm: float = 600.0,
+    capped_rpm: float = 120.0,
     deadline_s: float = 30.0,
 ) -> ChaosResult:
     """The whole scenario; always stops every process it started."""
@@ -692,7 +726,9 @@ async def run_chaos(
         fleet = [Engine(i, time_scale) for i in range(engines)]
         cfg = gateway_config(workdir / "chaos.yaml", fleet, redis.url, capped_rpm=capped_rpm)
         gateways = [Gateway(cfg, "gateway-a"), Gateway(cfg, "gateway-b")]
-        load = LoadGen(Front([g.url for g in gateways]), total=total, workers=workers, deadline_s=deadline_s)
+        load = LoadGen(
+            Front([g.url for g in gateways]), total=total, workers=workers, deadline_s=deadline_s, rate=rate
+        )
         chaos = Chaos(fleet, redis, gateways, load)
         t0 = time.monotonic()
         await asyncio.gather(load.run(), chaos.run())
@@ -704,12 +740,14 @@ async def run_chaos(
         with contextlib.suppress(Exception):
             await asyncio.to_thread(gateways[0].proc.wait, 10)
         a_exit = gateways[0].proc.proc.poll()
-        capped_workers = max(1, round(workers * load.capped_share * 2))
-        report = check(load.ledger, capped_rpm=capped_rpm, capped_concurrency=capped_workers)
+        capped_workers = max(1, round(workers * load.capped_share * 2))  # generous bound on its in-flight
+        logs = {g.url: g.proc.output for g in gateways}
+        report = check(load.ledger, capped_rpm=capped_rpm, capped_concurrency=capped_workers, access_logs=logs)
         output = "\n".join(g.proc.output for g in gateways)
         return ChaosResult(
-            report, chaos.log, wall, recovered, recovery_s, health, output, metrics_text, a_exit, load.failovers
-        )
+            report, chaos.log, wall, recovered, recovery_s, health, output, metrics_text, a_exit,
+            load.failovers, load.resets,
+        )  # fmt: skip
     finally:
         for g in gateways:
             g.kill()

@@ -21,12 +21,12 @@ pytestmark = [
 
 async def test_chaos_no_request_lost_duplicated_or_truncated(tmp_path: Path) -> None:
     total = env_int("FLEETGATE_CHAOS_REQUESTS", 2000)
-    result = await run_chaos(tmp_path, total=total)
+    result = await run_chaos(tmp_path, total=total, rate=float(env_int("FLEETGATE_CHAOS_RATE", 30)))
     report = result.report
     print("\n".join(result.log))
     print(report.summary())
     print(f"wall {result.wall_s:.1f} s, recovered {result.recovered} in {result.recovery_s:.1f} s, "
-          f"failovers {result.failovers}, gateway A exit {result.gateway_a_exit}")  # fmt: skip
+          f"failovers {result.failovers}, retried resets {result.resets}, gateway A exit {result.gateway_a_exit}")  # fmt: skip
     assert report.total == total
     assert not [line for line in result.log if "failed" in line or "not reached" in line], result.log
     assert report.lost == 0 and report.hung == 0, report.violations[:20]

@@ -64,5 +64,5 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", prometheus)
-    add_openapi_route(app)  # GET /openapi.json (fleetgate.gateway.openapi)
+    add_openapi_route(app, lambda: fleet.deployments)  # GET /openapi.json (fleetgate.gateway.openapi)
     return app

@@ -7,6 +7,7 @@ answers with; fields the gateway forwards to the engine unchecked are allowed (`
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -148,9 +149,24 @@ def _admin_op(summary: str, *, path_param: bool = False) -> dict[str, Any]:
 
 
 def build_openapi(
-    *, title: str = "fleetgate gateway", version: str = "0", admin: bool = False
+    *,
+    title: str = "fleetgate gateway",
+    version: str = "0",
+    admin: bool = False,
+    models: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The OpenAPI 3.0.3 document of the gateway's routes (``admin``: include the admission admin API)."""
+    """The OpenAPI 3.0.3 document of the gateway's routes (``admin``: include the admission admin API;
+    ``models``: the served model names, listed as the ``model`` enum; any other name is a 404)."""
+    schemas: dict[str, Any] = {
+        "ChatCompletionRequest": _CHAT_REQUEST,
+        "CompletionRequest": _COMPLETION_REQUEST,
+    }
+    if models:
+        model = {"type": "string", "enum": list(models)}
+        schemas = {
+            name: {**schema, "properties": {**schema["properties"], "model": model}}
+            for name, schema in schemas.items()
+        }
     paths: dict[str, Any] = {
         "/v1/chat/completions": {"post": _completion_op("Chat completion (OpenAI)", "ChatCompletionRequest")},
         "/v1/completions": {"post": _completion_op("Text completion (OpenAI)", "CompletionRequest")},
@@ -174,8 +190,7 @@ def build_openapi(
                 "Error": _ERROR,
                 "TextPart": _TEXT_PART,
                 "Message": _MESSAGE,
-                "ChatCompletionRequest": _CHAT_REQUEST,
-                "CompletionRequest": _COMPLETION_REQUEST,
+                **schemas,
                 "CompletionResponse": _COMPLETION_RESPONSE,
                 "ModelList": {
                     "type": "object",
@@ -188,13 +203,15 @@ def build_openapi(
     }
 
 
-def add_openapi_route(app: web.Application) -> None:
-    """Serve the document at ``GET /openapi.json`` (admin paths included when the app mounts them)."""
+def add_openapi_route(app: web.Application, models: Callable[[], Iterable[str]] = tuple) -> None:
+    """Serve the document at ``GET /openapi.json`` (admin paths included when the app mounts them;
+    ``models()`` gives the served model names at request time)."""
 
     async def handler(request: web.Request) -> web.Response:
         admin = any(
             getattr(r.resource, "canonical", "") == "/admin/tenants" for r in request.app.router.routes()
         )
-        return web.Response(body=orjson.dumps(build_openapi(admin=admin)), content_type="application/json")
+        doc = build_openapi(admin=admin, models=sorted(models()))
+        return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
     app.router.add_get("/openapi.json", handler)

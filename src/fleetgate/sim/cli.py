@@ -52,6 +52,7 @@ EngineParamOpt = Annotated[
     list[str] | None,
     typer.Option("--engine-param", help="Engine PerfParams override key=value (repeatable)."),
 ]
+StepOpt = Annotated[float, typer.Option("--step-s", help="Fluid mode time step (seconds).")]
 ColdOpt = Annotated[float, typer.Option("--cold-start-s", help="Seconds before a new replica serves.")]
 SloOpt = Annotated[float | None, typer.Option("--slo-ttft-p95", help="TTFT p95 SLO (s) for slo_attainment.")]
 MinOpt = Annotated[int, typer.Option("--min-replicas", help="Lower bound applied to autoscaling.")]
@@ -90,6 +91,7 @@ def _options(**kw: Any) -> Any:
             min_replicas=kw["min_replicas"],
             max_replicas=kw["max_replicas"],
             engine_params=parse_params(kw["engine_param"]),
+            step_s=kw["step_s"],
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -151,6 +153,7 @@ def simulate(
     autoscale_param: AutoscaleParamOpt = None,
     policy_param: PolicyParamOpt = None,
     engine_param: EngineParamOpt = None,
+    step_s: StepOpt = 1.0,
     cold_start_s: ColdOpt = 180.0,
     slo: SloOpt = None,
     min_replicas: MinOpt = 0,
@@ -206,6 +209,7 @@ def compare(
     autoscale: AutoscaleOpt = None,
     autoscale_param: AutoscaleParamOpt = None,
     engine_param: EngineParamOpt = None,
+    step_s: StepOpt = 1.0,
     cold_start_s: ColdOpt = 180.0,
     slo: SloOpt = None,
     min_replicas: MinOpt = 0,

@@ -1,0 +1,523 @@
+"""Noisy neighbour, live: a reserved tenant's TTFT alone vs next to a best-effort tenant at 10x capacity.
+
+One run, two phases, real processes on 127.0.0.1 (simulated engines + one ``fleetgate serve`` gateway):
+
+* phase A: ``gold`` (reserved, interactive) alone, paced open loop at ``--gold-share`` of its reservation;
+* phase B: the same ``gold`` load plus ``free`` (best-effort) sending ``--free-factor`` x the fleet's capacity
+  (Poisson open loop, in MU).
+
+It reports gold's TTFT p50/p95 per phase (and the ratio B/A), the share of gold's requests admitted, free's
+outcomes (200 / 429 / 503 / other), and checks that every request sent has an explicit outcome.
+
+Engine and cost model (chosen so the 2-core machine, not the fleet, is never the bottleneck):
+
+* each engine: ``max_num_seqs`` 128, ``step_overhead_s`` 0.03, ``decode_s_per_seq`` 1e-5, no KV-token
+  term, ``prefill_s_per_token`` 5e-5, prefix cache off, time scale 1 (real time). A decode step is almost flat
+  in the batch size (a memory-bound decode), so more sequences in the batch barely slow anyone down;
+* the cost profile is derived from those parameters (``capacity_mu_per_min`` 100 per replica, i.e. MU =
+  replica-seconds x 100/60): ``alpha`` = prefill seconds per prompt token, ``beta`` = a full step divided by
+  ``max_num_seqs`` (the decode time per token at saturation); so the admission's idea of "fleet capacity"
+  is the engine's real saturation throughput;
+* gold's requests are prompt-heavy and short (``--gold-prompt-tokens`` ~1000, 4 output tokens, streamed):
+  TTFT is measured at the client, to the first content chunk; free's are decode-heavy (a short prompt,
+  ``--free-max-tokens`` 256 output tokens, not streamed) so the load generator stays cheap.
+
+Run: ``.venv/bin/python bench/noisy_neighbour.py --out bench/results/noisy_neighbour.json``
+(``--phase-s 30`` per phase; about 90 s in all). ``tests/integration/test_noisy_neighbour.py`` runs a shorter
+version with looser TTFT bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+
+from fleetgate.core.tokenize import count_tokens, render_chat_prompt
+from fleetgate.core.units import CostProfile, load_profile
+
+MODEL = "fleetgate-sim"
+GOLD_KEY = "sk-gold-bench"
+FREE_KEY = "sk-free-bench"
+ADMIN_KEY = "sk-admin-bench"
+READY = re.compile(r"ready on (http://127\.0\.0\.1:\d+)")
+WORDS = ("alpha", "bravo", "delta", "echo", "golf", "hotel", "india", "kilo", "lima", "mike", "oscar", "papa")
+
+
+@dataclass(frozen=True)
+class BenchParams:
+    engines: int = 2
+    phase_s: float = 30.0
+    warmup_s: float = 3.0
+    gold_share: float = 0.9  # of gold's reservation
+    reserved_share: float = 0.5  # gold's reservation, share of the fleet's capacity
+    free_factor: float = 10.0  # free offers this many times the fleet's capacity (MU)
+    gold_prompt_tokens: int = 2000
+    gold_max_tokens: int = 4
+    free_max_tokens: int = 1536
+    capacity_mu_per_min: float = 100.0  # per replica
+    max_num_seqs: int = 64
+    step_overhead_s: float = 0.01
+    decode_s_per_seq: float = 1e-5
+    prefill_s_per_token: float = 5e-5
+    time_scale: float = 1.0
+    best_effort_max_utilization: float | None = None  # None: the config default
+    drain_timeout_s: float = 60.0
+    seed: int = 1
+
+
+@dataclass
+class Outcome:
+    tenant: str
+    phase: str
+    status: int  # HTTP status, or 0 for a client-side error (timeout, reset)
+    ttft_s: float | None = None
+    error: str = ""
+    tier: str = ""
+
+
+@dataclass
+class Run:
+    params: BenchParams
+    outcomes: list[Outcome] = field(default_factory=list)
+    sent: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------- processes
+class Proc:
+    """A child process in its own process group that prints ``... ready on http://127.0.0.1:PORT``."""
+
+    def __init__(self, args: Sequence[str], name: str) -> None:
+        self.name = name
+        self.lines: list[str] = []
+        self.url: str | None = None
+        self._ready = threading.Event()
+        self.proc = subprocess.Popen(
+            list(args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if len(self.lines) < 2000:
+                self.lines.append(line.rstrip("\n"))
+            m = READY.search(line)
+            if m and self.url is None:
+                self.url = m.group(1)
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout: float = 60.0) -> str:
+        if not self._ready.wait(timeout) or self.url is None:
+            self.kill()
+            tail = "\n".join(self.lines[-40:])
+            raise RuntimeError(f"{self.name} did not become ready:\n{tail}")
+        return self.url
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+
+
+# ------------------------------------------------------------------------------------------- model
+def engine_profile(p: BenchParams) -> dict[str, Any]:
+    return {
+        "perf": {
+            "max_num_seqs": p.max_num_seqs,
+            "step_overhead_s": p.step_overhead_s,
+            "decode_s_per_seq": p.decode_s_per_seq,
+            "decode_s_per_kv_token": 0.0,
+            "prefill_s_per_token": p.prefill_s_per_token,
+            "prefix_cache_blocks": 0,
+        }
+    }
+
+
+def cost_profile(p: BenchParams) -> CostProfile:
+    """MU = replica-seconds x capacity/60, with the replica-seconds of these engine parameters (scaled to
+    real time by ``time_scale``): prefill per prompt token, and a full step / max_num_seqs per output token."""
+    mu_per_s = p.capacity_mu_per_min / 60.0
+    full_step = p.step_overhead_s + p.decode_s_per_seq * p.max_num_seqs
+    base = load_profile(MODEL)
+    return replace(
+        base,
+        name="noisy-neighbour-bench",
+        alpha=mu_per_s * p.prefill_s_per_token * p.time_scale,
+        beta=mu_per_s * full_step / p.max_num_seqs * p.time_scale,
+        gamma=0.0,
+        delta=0.0,
+        epsilon=0.0,
+        capacity_mu_per_min=p.capacity_mu_per_min,
+        perf={},
+        fit={},
+    )
+
+
+def gold_messages(i: int, tokens: int) -> list[dict[str, str]]:
+    words = [WORDS[(i * 7 + k) % len(WORDS)] for k in range(tokens)]
+    return [{"role": "user", "content": f"q{i} " + " ".join(words)}]
+
+
+def free_messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"batch job {i}: summarise"}]
+
+
+def prompt_tokens(messages: list[dict[str, str]]) -> int:
+    return count_tokens(render_chat_prompt(messages))
+
+
+# ------------------------------------------------------------------------------------------- load
+async def gold_request(
+    session: aiohttp.ClientSession, url: str, i: int, p: BenchParams, phase: str, run: Run
+) -> None:
+    body = {
+        "model": MODEL,
+        "messages": gold_messages(i, p.gold_prompt_tokens),
+        "max_tokens": p.gold_max_tokens,
+        "stream": True,
+    }
+    start = time.perf_counter()
+    out = Outcome("gold", phase, 0)
+    try:
+        async with session.post(
+            url + "/v1/chat/completions", data=orjson.dumps(body), headers={"Authorization": f"Bearer {GOLD_KEY}"}
+        ) as resp:
+            out.status = resp.status
+            out.tier = resp.headers.get("x-fleetgate-tier", "")
+            if resp.status != 200:
+                out.error = (await resp.text())[:200]
+            else:
+                async for line in resp.content:
+                    if out.ttft_s is None and line.startswith(b"data: {"):
+                        chunk = orjson.loads(line[6:])
+                        choices = chunk.get("choices") or []
+                        if choices and (choices[0].get("delta") or {}).get("content"):
+                            out.ttft_s = time.perf_counter() - start
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        out.status = 0
+        out.error = type(exc).__name__
+    run.outcomes.append(out)
+
+
+async def free_request(
+    session: aiohttp.ClientSession, url: str, i: int, p: BenchParams, phase: str, run: Run
+) -> None:
+    body = {"model": MODEL, "messages": free_messages(i), "max_tokens": p.free_max_tokens}
+    out = Outcome("free", phase, 0)
+    try:
+        async with session.post(
+            url + "/v1/chat/completions", data=orjson.dumps(body), headers={"Authorization": f"Bearer {FREE_KEY}"}
+        ) as resp:
+            out.status = resp.status
+            out.tier = resp.headers.get("x-fleetgate-tier", "")
+            await resp.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        out.status = 0
+        out.error = type(exc).__name__
+    run.outcomes.append(out)
+
+
+async def open_loop(
+    launch: Any, rate_per_s: float, duration_s: float, tasks: set[asyncio.Task[None]], *, poisson: bool,
+    rng: random.Random, counter: list[int],
+) -> None:
+    """Start ``launch(i)`` at planned instants (never waits for responses): paced, or Poisson arrivals."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    t_next = t0
+    end = t0 + duration_s
+    while True:
+        t_next += rng.expovariate(rate_per_s) if poisson else 1.0 / rate_per_s
+        if t_next >= end:
+            break
+        delay = t_next - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        i = counter[0]
+        counter[0] += 1
+        task = asyncio.ensure_future(launch(i))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
+# ------------------------------------------------------------------------------------------- run
+def quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    xs = sorted(values)
+    k = max(0, min(len(xs) - 1, math.ceil(q * len(xs)) - 1))  # nearest rank
+    return xs[k]
+
+
+def summarize(run: Run) -> dict[str, Any]:
+    p = run.params
+    prof = cost_profile(p)
+    fleet_mu_per_min = p.capacity_mu_per_min * p.engines
+    res: dict[str, Any] = {"params": asdict(p)}
+    phases: dict[str, Any] = {}
+    for phase in ("A", "B"):
+        gold = [o for o in run.outcomes if o.tenant == "gold" and o.phase == phase]
+        ttfts = [o.ttft_s for o in gold if o.status == 200 and o.ttft_s is not None]
+        admitted = sum(1 for o in gold if o.status == 200)
+        phases[phase] = {
+            "gold_sent": run.sent.get(f"gold-{phase}", 0),
+            "gold_outcomes": len(gold),
+            "gold_admitted": admitted,
+            "gold_admitted_share": admitted / len(gold) if gold else None,
+            "gold_statuses": _counts(gold),
+            "gold_ttft_p50_s": quantile(ttfts, 0.5),
+            "gold_ttft_p95_s": quantile(ttfts, 0.95),
+            "gold_ttft_p99_s": quantile(ttfts, 0.99),
+            "gold_ttft_n": len(ttfts),
+        }
+    free = [o for o in run.outcomes if o.tenant == "free"]
+    phases["B"]["free_sent"] = run.sent.get("free-B", 0)
+    phases["B"]["free_statuses"] = _counts(free)
+    free_cost = prof.cost(prompt_tokens(free_messages(0)), p.free_max_tokens)
+    phases["B"]["free_admitted_mu_per_min"] = (
+        sum(1 for o in free if o.status == 200) * free_cost * 60.0 / p.phase_s
+    )
+    a, b = phases["A"], phases["B"]
+    res["phases"] = phases
+    res["fleet_capacity_mu_per_min"] = fleet_mu_per_min
+    res["gold_reserved_mu_per_min"] = fleet_mu_per_min * p.reserved_share
+    res["gold_cost_mu"] = prof.cost(prompt_tokens(gold_messages(0, p.gold_prompt_tokens)), p.gold_max_tokens)
+    res["free_cost_mu"] = free_cost
+    res["ttft_p95_ratio"] = (
+        b["gold_ttft_p95_s"] / a["gold_ttft_p95_s"] if a["gold_ttft_p95_s"] and b["gold_ttft_p95_s"] else None
+    )
+    res["ttft_p50_ratio"] = (
+        b["gold_ttft_p50_s"] / a["gold_ttft_p50_s"] if a["gold_ttft_p50_s"] and b["gold_ttft_p50_s"] else None
+    )
+    res["gold_admitted_share_B"] = b["gold_admitted_share"]
+    sent_total = sum(run.sent.values())
+    res["requests_sent"] = sent_total
+    res["requests_with_outcome"] = len(run.outcomes)
+    res["client_errors"] = sum(1 for o in run.outcomes if o.status == 0)
+    res["nothing_lost"] = sent_total == len(run.outcomes) and res["client_errors"] == 0
+    res.update(run.extra)
+    return res
+
+
+def _counts(outcomes: list[Outcome]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for o in outcomes:
+        key = str(o.status) if o.status else f"client_error:{o.error}"
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+async def run_benchmark(p: BenchParams, workdir: Path) -> dict[str, Any]:
+    """Start the fleet and the gateway, run phases A and B, stop everything; returns the summary."""
+    py = sys.executable
+    prof_path = workdir / "engine-profile.yaml"
+    prof_path.write_text(yaml.safe_dump(engine_profile(p)))
+    cost_path = workdir / "cost-profile.json"
+    cost_path.write_text(json.dumps(cost_profile(p).to_dict()))
+    procs: list[Proc] = []
+    try:
+        for i in range(p.engines):
+            args = [py, "-m", "fleetgate.cli", "engine", "sim", "--port", "0", "--model", MODEL]
+            args += ["--time-scale", str(p.time_scale), "--profile", str(prof_path)]
+            procs.append(Proc(args, f"engine-{i}"))
+        urls = [proc.wait_ready() for proc in procs]
+        fleet = p.capacity_mu_per_min * p.engines
+        admission: dict[str, Any] = {"queue_max": 1000, "deadline_s": 10, "admin_api_keys": [ADMIN_KEY]}
+        if p.best_effort_max_utilization is not None:
+            admission["best_effort_max_utilization"] = p.best_effort_max_utilization
+        cfg = {
+            "gateway": {"host": "127.0.0.1", "port": 0, "first_byte_timeout_s": 120, "health_checks": False},
+            "ops": {"log_level": "WARNING"},
+            "deployments": [
+                {
+                    "model": MODEL,
+                    "capacity_mu_per_min": p.capacity_mu_per_min,
+                    "cost_profile": str(cost_path),
+                    "routing": {"policy": "least_requests"},
+                    "replicas": [{"name": f"r{i}", "url": u} for i, u in enumerate(urls)],
+                }
+            ],
+            "tenants": [
+                {
+                    "name": "gold",
+                    "api_keys": [GOLD_KEY],
+                    "priority": "interactive",
+                    "reserved_mu_per_min": {MODEL: fleet * p.reserved_share},
+                    "best_effort_mu_per_min": 0,
+                },
+                {
+                    "name": "free",
+                    "api_keys": [FREE_KEY],
+                    "priority": "best_effort",
+                    "best_effort_mu_per_min": None,
+                },
+            ],
+            "admission": admission,
+        }
+        cfg_path = workdir / "gateway.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg))
+        gw = Proc([py, "-m", "fleetgate.cli", "serve", "--config", str(cfg_path)], "gateway")
+        procs.append(gw)
+        url = gw.wait_ready()
+        return await _drive(p, url)
+    finally:
+        for proc in procs:
+            proc.kill()
+
+
+async def _drive(p: BenchParams, url: str) -> dict[str, Any]:
+    run = Run(p)
+    prof = cost_profile(p)
+    fleet_mu_per_s = p.capacity_mu_per_min * p.engines / 60.0
+    gold_cost = prof.cost(prompt_tokens(gold_messages(0, p.gold_prompt_tokens)), p.gold_max_tokens)
+    free_cost = prof.cost(prompt_tokens(free_messages(0)), p.free_max_tokens)
+    gold_rate = fleet_mu_per_s * p.reserved_share * p.gold_share / gold_cost
+    free_rate = fleet_mu_per_s * p.free_factor / free_cost
+    run.extra.update(gold_rate_per_s=gold_rate, free_rate_per_s=free_rate)
+    rng = random.Random(p.seed)
+    counter = [0]
+    tasks: set[asyncio.Task[None]] = set()
+    timeout = aiohttp.ClientTimeout(total=p.drain_timeout_s + 120)
+    cpu0 = os.times()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+        # warm-up (not counted): connections, the gateway's per-tenant output history
+        warm = Run(p)
+        await open_loop(
+            lambda i: gold_request(session, url, i, p, "warm", warm), gold_rate, p.warmup_s, tasks,
+            poisson=False, rng=rng, counter=counter,
+        )  # fmt: skip
+        await asyncio.gather(*list(tasks))
+
+        def gold(phase: str) -> Any:
+            def launch(i: int) -> Any:
+                run.sent[f"gold-{phase}"] = run.sent.get(f"gold-{phase}", 0) + 1
+                return gold_request(session, url, i, p, phase, run)
+
+            return launch
+
+        def free(i: int) -> Any:
+            run.sent["free-B"] = run.sent.get("free-B", 0) + 1
+            return free_request(session, url, i, p, "B", run)
+
+        await open_loop(gold("A"), gold_rate, p.phase_s, tasks, poisson=False, rng=rng, counter=counter)
+        await asyncio.gather(*list(tasks))  # phase A's stragglers finish before B starts
+        await asyncio.gather(
+            open_loop(gold("B"), gold_rate, p.phase_s, tasks, poisson=False, rng=rng, counter=counter),
+            open_loop(free, free_rate, p.phase_s, tasks, poisson=True, rng=rng, counter=counter),
+        )
+        pending = list(tasks)
+        if pending:
+            await asyncio.wait(pending, timeout=p.drain_timeout_s)
+        for task in list(tasks):  # never expected: count it as a lost request rather than hang
+            task.cancel()
+    cpu1 = os.times()
+    run.extra["loadgen_cpu_s"] = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    return summarize(run)
+
+
+def report(res: dict[str, Any]) -> str:
+    a, b = res["phases"]["A"], res["phases"]["B"]
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1000:.0f} ms"
+
+    lines = [
+        f"fleet {res['fleet_capacity_mu_per_min']:.0f} MU/min; gold reserves {res['gold_reserved_mu_per_min']:.0f}"
+        f" and sends {res['gold_rate_per_s']:.1f} req/s ({res['gold_cost_mu']:.3f} MU each);"
+        f" free offers {res['free_rate_per_s']:.0f} req/s ({res['free_cost_mu']:.3f} MU each)",
+        f"gold TTFT  A (alone): p50 {ms(a['gold_ttft_p50_s'])}  p95 {ms(a['gold_ttft_p95_s'])}  n={a['gold_ttft_n']}",
+        f"gold TTFT  B (+free): p50 {ms(b['gold_ttft_p50_s'])}  p95 {ms(b['gold_ttft_p95_s'])}  n={b['gold_ttft_n']}",
+        f"ratio B/A: p50 {res['ttft_p50_ratio']:.3f}  p95 {res['ttft_p95_ratio']:.3f}   (target p95 <= 1.10)",
+        f"gold admitted: A {a['gold_admitted']}/{a['gold_outcomes']}  B {b['gold_admitted']}/{b['gold_outcomes']}"
+        f" = {100 * (b['gold_admitted_share'] or 0):.2f}%   (target >= 99%)",
+        f"free outcomes: {b['free_statuses']} of {b['free_sent']} sent;"
+        f" admitted ~{b['free_admitted_mu_per_min']:.0f} MU/min",
+        f"every request has an outcome: {res['nothing_lost']}"
+        f" ({res['requests_with_outcome']}/{res['requests_sent']}, client errors {res['client_errors']});"
+        f" load generator CPU {res['loadgen_cpu_s']:.1f} s",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--engines", type=int, default=2)
+    ap.add_argument("--phase-s", type=float, default=30.0)
+    ap.add_argument("--free-factor", type=float, default=10.0)
+    ap.add_argument("--gold-share", type=float, default=0.9)
+    ap.add_argument("--best-effort-max-utilization", type=float, default=None)
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--max-num-seqs", type=int, default=BenchParams.max_num_seqs)
+    ap.add_argument("--step-overhead-s", type=float, default=BenchParams.step_overhead_s)
+    ap.add_argument("--gold-prompt-tokens", type=int, default=BenchParams.gold_prompt_tokens)
+    ap.add_argument("--free-max-tokens", type=int, default=BenchParams.free_max_tokens)
+    ap.add_argument("--seed", type=int, default=BenchParams.seed)
+    ap.add_argument("--out", type=Path, default=None, help="write the JSON summary here")
+    args = ap.parse_args(argv)
+    p = BenchParams(
+        engines=args.engines,
+        phase_s=args.phase_s,
+        free_factor=args.free_factor,
+        gold_share=args.gold_share,
+        best_effort_max_utilization=args.best_effort_max_utilization,
+        time_scale=args.time_scale,
+        max_num_seqs=args.max_num_seqs,
+        step_overhead_s=args.step_overhead_s,
+        gold_prompt_tokens=args.gold_prompt_tokens,
+        free_max_tokens=args.free_max_tokens,
+        seed=args.seed,
+    )
+    with tempfile.TemporaryDirectory(prefix="fleetgate-nn-") as tmp:
+        try:
+            import uvloop
+
+            res = uvloop.run(run_benchmark(p, Path(tmp)))
+        except ImportError:  # pragma: no cover
+            res = asyncio.run(run_benchmark(p, Path(tmp)))
+    res["date"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    res["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f}"
+    print(report(res))
+    if args.out is not None:
+        args.out.write_text(json.dumps(res, indent=2))
+    ok = (
+        res["nothing_lost"]
+        and (res["gold_admitted_share_B"] or 0) >= 0.99
+        and (res["ttft_p95_ratio"] or 99) <= 1.10
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
