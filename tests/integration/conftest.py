@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import httpx
@@ -134,7 +134,8 @@ TIME_SCALE = "0.05"
 def tools() -> ModuleType:
     """This module's helpers (``ServerProcess``, ``engine_stats`` ...) for test modules: conftest files
     cannot be imported by name reliably, fixtures can always be requested."""
-    return sys.modules[__name__]
+    # Not sys.modules[__name__]: every conftest.py is imported as "conftest", so that name is ambiguous.
+    return SimpleNamespace(**globals())  # type: ignore[return-value]
 
 
 EngineFactory = Callable[..., ServerProcess]
