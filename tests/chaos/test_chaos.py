@@ -25,8 +25,11 @@ async def test_chaos_no_request_lost_duplicated_or_truncated(tmp_path: Path) -> 
     report = result.report
     print("\n".join(result.log))
     print(report.summary())
-    print(f"wall {result.wall_s:.1f} s, recovered {result.recovered} in {result.recovery_s:.1f} s, "
-          f"failovers {result.failovers}, retried resets {result.resets}, gateway A exit {result.gateway_a_exit}")  # fmt: skip
+    print(
+        f"wall {result.wall_s:.1f} s, recovered {result.recovered} in {result.recovery_s:.1f} s, "
+        f"failovers {result.failovers}, retried resets {result.resets}, "
+        f"gateway A exit {result.gateway_a_exit}"
+    )
     assert report.total == total
     assert not [line for line in result.log if "failed" in line or "not reached" in line], result.log
     assert report.lost == 0 and report.hung == 0, report.violations[:20]

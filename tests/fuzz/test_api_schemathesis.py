@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ADMIN_KEY, TENANT_KEY
+from fuzz_env import ADMIN_KEY, TENANT_KEY
 
 EXAMPLES = int(os.environ.get("FLEETGATE_FUZZ_EXAMPLES", "25"))
 CLI = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or shutil.which("schemathesis")
@@ -31,8 +31,21 @@ pytestmark = [
 def run_schemathesis(url: str, examples: int, tmp: Path, *headers: str) -> tuple[int, int]:
     """Run it; returns (generated, passed) and fails the test with the report's tail on any failure."""
     assert CLI is not None
-    args = [CLI, "run", url + "/openapi.json", "-n", str(examples), "--checks", "not_a_server_error",
-            "--seed", "20261130", "--report", "junit", "--report-dir", str(tmp)]  # fmt: skip
+    args = [
+        CLI,
+        "run",
+        url + "/openapi.json",
+        "-n",
+        str(examples),
+        "--checks",
+        "not_a_server_error",
+        "--seed",
+        "20261130",
+        "--report",
+        "junit",
+        "--report-dir",
+        str(tmp),
+    ]
     for header in headers:
         args += ["-H", header]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=3500)

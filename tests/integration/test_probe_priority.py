@@ -6,11 +6,11 @@ enters the gateway's admission queue, and inside the engine it is the head of th
 itself (``core.admission``) also has a probe class that is never queued nor limited, for probes that do come
 through an ``AdmissionService``.
 
-The live test saturates everything at once: the gateway's admission queue holds waiting ``gold`` (reserved,
-over its reservation) and ``free`` (best-effort, fleet full) requests, and the single engine (2 sequence slots,
-~1 s per request) has a waiting queue of admitted requests. A probe sent then must come back within about one
-request's service time (the time until a slot frees), while requests queued before it — in the engine and in
-the gateway — are still waiting when it returns.
+The live test saturates everything at once: the gateway's admission queue holds waiting ``gold``
+(reserved, over its reservation) and ``free`` (best-effort, fleet full) requests, and the single engine
+(2 sequence slots, ~1 s per request) has a waiting queue of admitted requests. A probe sent then must come
+back within about one request's service time (the time until a slot frees), while requests queued before
+it — in the engine and in the gateway — are still waiting when it returns.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ STEP_S = 0.01
 
 def _write_fleet_files(tmp_path: Path, engine_url: str) -> Path:
     (tmp_path / "cost.json").write_text(
-        json.dumps({"name": "probe-test", "alpha": 0.0, "beta": 0.01, "gamma": 0.0, "capacity_mu_per_min": 100})
+        json.dumps(
+            {"name": "probe-test", "alpha": 0.0, "beta": 0.01, "gamma": 0.0, "capacity_mu_per_min": 100}
+        )
     )
     cfg = {
         "gateway": {"host": "127.0.0.1", "port": 0, "health_checks": False},
@@ -55,7 +57,12 @@ def _write_fleet_files(tmp_path: Path, engine_url: str) -> Path:
         ],
         "tenants": [
             # 1 MU per request: 240 MU/min lets 4 requests/s through, twice what the engine serves (2/s).
-            {"name": "gold", "api_keys": [GOLD], "priority": "interactive", "reserved_mu_per_min": {MODEL: 240}},
+            {
+                "name": "gold",
+                "api_keys": [GOLD],
+                "priority": "interactive",
+                "reserved_mu_per_min": {MODEL: 240},
+            },
             {"name": "free", "api_keys": [FREE], "priority": "best_effort", "best_effort_mu_per_min": None},
         ],
         "admission": {"admin_api_keys": [ADMIN], "queue_max": 40, "deadline_s": 30},
@@ -106,7 +113,9 @@ async def test_probe_goes_ahead_of_saturated_queues(start_engine: Any, tools: An
             tasks = [
                 asyncio.ensure_future(_tenant_request(session, url, GOLD, sent, first)) for _ in range(24)
             ]
-            tasks += [asyncio.ensure_future(_tenant_request(session, url, FREE, sent, first)) for _ in range(6)]
+            tasks += [
+                asyncio.ensure_future(_tenant_request(session, url, FREE, sent, first)) for _ in range(6)
+            ]
             # Wait until both queues are non-empty: engine waiting (slots full) and gateway admission queue.
             async with httpx.AsyncClient(timeout=5) as http:
                 deadline = time.monotonic() + 15
@@ -161,11 +170,25 @@ async def test_admission_probe_class_skips_a_full_queue() -> None:
     cfg = FleetgateConfig.model_validate(
         {
             "deployments": [
-                {"model": MODEL, "capacity_mu_per_min": 60, "replicas": [{"name": "r0", "url": "http://127.0.0.1:9"}]}
+                {
+                    "model": MODEL,
+                    "capacity_mu_per_min": 60,
+                    "replicas": [{"name": "r0", "url": "http://127.0.0.1:9"}],
+                }
             ],
             "tenants": [
-                {"name": "gold", "api_keys": [GOLD], "priority": "interactive", "reserved_mu_per_min": {MODEL: 60}},
-                {"name": "free", "api_keys": [FREE], "priority": "best_effort", "best_effort_mu_per_min": None},
+                {
+                    "name": "gold",
+                    "api_keys": [GOLD],
+                    "priority": "interactive",
+                    "reserved_mu_per_min": {MODEL: 60},
+                },
+                {
+                    "name": "free",
+                    "api_keys": [FREE],
+                    "priority": "best_effort",
+                    "best_effort_mu_per_min": None,
+                },
             ],
             "admission": {"queue_max": 4, "deadline_s": 30},
         }
@@ -175,7 +198,9 @@ async def test_admission_probe_class_skips_a_full_queue() -> None:
     free = service.authenticate(f"Bearer {FREE}")
 
     def info(i: int, tenant: str, priority: Priority, cost: float = 5.0) -> RequestInfo:
-        return RequestInfo(request_id=f"{tenant}-{i}", model=MODEL, tenant=tenant, cost_mu=cost, priority=priority)
+        return RequestInfo(
+            request_id=f"{tenant}-{i}", model=MODEL, tenant=tenant, cost_mu=cost, priority=priority
+        )
 
     order: list[str] = []
 

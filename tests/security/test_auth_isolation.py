@@ -6,7 +6,7 @@ import hashlib
 from typing import Any
 
 import httpx
-from conftest import KEYS, MODEL
+from sec_env import KEYS, MODEL
 
 WRONG = "sk-sec-wrong-0f0f0f0f"
 
@@ -40,7 +40,10 @@ def test_missing_or_wrong_key_rejected(gateway: Any) -> None:
     for name, r in cases.items():
         assert r.status_code == 401, (name, r.status_code, r.text)
         err = r.json()["error"]
-        assert err["type"] == "authentication_error" or err["code"] in ("invalid_api_key", "missing_api_key"), (
+        assert err["type"] == "authentication_error" or err["code"] in (
+            "invalid_api_key",
+            "missing_api_key",
+        ), (
             name,
             err,
         )

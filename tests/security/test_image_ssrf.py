@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-from conftest import MODEL
 from PIL import Image
+from sec_env import MODEL
 
 from fleetgate.multimodal.fetch import AddressPolicy
 from fleetgate.multimodal.image import ImageError
@@ -121,13 +121,15 @@ async def test_allow_list_permits_only_what_it_names(
     assert r.status_code == 400, r.text
     assert b.hits == []
     # credentials in URLs and other schemes are refused without a connection
-    for url in (f"http://user:pw@127.0.0.1:{port_b}/img.png", f"file:///etc/passwd", "gopher://127.0.0.1/"):
+    for url in (f"http://user:pw@127.0.0.1:{port_b}/img.png", "file:///etc/passwd", "gopher://127.0.0.1/"):
         r = await _image_request(gw.url, url)
         assert r.status_code == 400, (url, r.text)
     assert b.hits == []
 
 
-async def test_fetching_disabled(engine: Any, start_gateway: Any, listeners: tuple[Listener, Listener]) -> None:
+async def test_fetching_disabled(
+    engine: Any, start_gateway: Any, listeners: tuple[Listener, Listener]
+) -> None:
     a, _ = listeners
     gw = start_gateway(_config(engine.url, fetch_urls=False, url_allow=["127.0.0.1"]))
     r = await _image_request(gw.url, a.url + "/img.png")
@@ -138,11 +140,22 @@ async def test_fetching_disabled(engine: Any, start_gateway: Any, listeners: tup
 @pytest.mark.parametrize(
     "address",
     [
-        "127.0.0.1", "10.1.2.3", "172.16.0.5", "192.168.1.1", "169.254.169.254", "100.100.100.200",
-        "0.0.0.0", "::1", "fe80::1", "fd00:ec2::254", "::ffff:127.0.0.1", "::ffff:169.254.169.254",
-        "224.0.0.1", "100.64.0.1",
+        "127.0.0.1",
+        "10.1.2.3",
+        "172.16.0.5",
+        "192.168.1.1",
+        "169.254.169.254",
+        "100.100.100.200",
+        "0.0.0.0",
+        "::1",
+        "fe80::1",
+        "fd00:ec2::254",
+        "::ffff:127.0.0.1",
+        "::ffff:169.254.169.254",
+        "224.0.0.1",
+        "100.64.0.1",
     ],
-)  # fmt: skip
+)
 def test_rejected_addresses(address: str) -> None:
     """The default policy refuses every private, loopback, link-local, metadata, mapped or odd address."""
     with pytest.raises(ImageError):

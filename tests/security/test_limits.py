@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import KEYS, MODEL
+from sec_env import KEYS, MODEL
 
 
 def ok_request(url: str) -> httpx.Response:
@@ -102,7 +102,7 @@ def test_slowloris_does_not_exhaust_gateway(gateway: Any) -> None:
 )
 def test_stalled_header_connection_is_closed(engine: Any, start_gateway: Any) -> None:
     """A client that stops in the middle of its headers is disconnected after client_header_timeout_s."""
-    from conftest import tenants_config
+    from sec_env import tenants_config
 
     gw = start_gateway(tenants_config(engine.url, client_header_timeout_s=1.0))
     port = int(gw.url.rsplit(":", 1)[1])

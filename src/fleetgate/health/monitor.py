@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -119,10 +120,13 @@ class HealthMonitor:
         initial_state: HealthState = HealthState.STARTING,
         scrape_interval_s: float | None = None,
         action: str = "restart",
+        metrics: HealthMetrics | None = None,
     ) -> None:
         self.model = model
         self.policy = policy or HealthPolicy()
-        self.metrics = HealthMetrics(registry if registry is not None else CollectorRegistry())
+        # One HealthMetrics may be shared by the monitors of several deployments (series are labelled by
+        # replica name only: keep replica names unique across deployments).
+        self.metrics = metrics or HealthMetrics(registry if registry is not None else CollectorRegistry())
         self.remediator = remediator
         self._session = session
         self._own_session = session is None
@@ -142,6 +146,7 @@ class HealthMonitor:
         self._listeners: list[Callable[[Transition], Any]] = []
         self._loop_task: asyncio.Task[None] | None = None
         self.events: list[Transition] = []
+        self.probe_latencies: deque[tuple[str, bool, float]] = deque(maxlen=10_000)  # (replica, ok, seconds)
 
     # -- wiring --------------------------------------------------------------------------------------------
 
@@ -369,6 +374,7 @@ class HealthMonitor:
             res = ProbeResult(False, 0.0, f"error_{exc.__class__.__name__}")
         outcome = "ok" if res.ok else (res.error or "failed")
         self.metrics.probe_latency.labels(replica=name, outcome=outcome).observe(res.latency_s)
+        self.probe_latencies.append((name, res.ok, res.latency_s))
         rh = self._health.get(name)
         if rh is not None:
             self._handle(name, rh.on_probe(self.clock(), res.ok, res.latency_s, res.error))
