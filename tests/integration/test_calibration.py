@@ -124,3 +124,27 @@ def test_calibrate_reports_unreachable_engine(tmp_path: Path) -> None:
     assert res.returncode == 1
     assert "calibration failed" in res.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+def test_calibrate_rejects_unreadable_engine_pid(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleetgate.cli",
+            "calibrate",
+            "--engine",
+            "http://127.0.0.1:9",
+            "--model",
+            "m",
+            "--out",
+            str(tmp_path / "p.json"),
+            "--engine-pid",
+            "999999999",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 1
+    assert "cannot read CPU time" in res.stderr

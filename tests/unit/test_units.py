@@ -155,3 +155,11 @@ def test_epsilon_decode_context_term() -> None:
     p = CostProfile(epsilon=2.0)
     assert p.cost(1000, 100) == pytest.approx(2.0 * 100 * (1000 + 50) / LONG_INPUT_SCALE)
     assert p.with_capacity(200.0).epsilon == pytest.approx(4.0)
+
+
+def test_settle_charges_image_tokens_once() -> None:
+    """Engines report image tokens inside prompt_tokens: settle must not charge them as text too."""
+    profile = CostProfile(name="t", alpha=1.0, beta=2.0, gamma=3.0, image_mu_per_token=0.5)
+    text_only = profile.settle(Usage(prompt_tokens=100, completion_tokens=10))
+    with_image = profile.settle(Usage(prompt_tokens=676, completion_tokens=10, image_tokens=576))
+    assert with_image == pytest.approx(text_only + 0.5 * 576)
