@@ -10,6 +10,8 @@ histogram the router exposes).
 
 The load is chosen by a short calibration first: unloaded TTFT (sequential requests through round robin),
 then round robin at increasing rates until its p95 TTFT is at least ``--load-factor`` (3) x the unloaded p95.
+A last *overhead* phase measures what each router adds per request with instant engines (``--time-scale 0``),
+one request at a time, against the client talking straight to an engine.
 
     .venv/bin/python bench/router_compare.py --out bench/results/router_compare.json --md /tmp/rc.md
     .venv/bin/python bench/router_compare.py --quick          # ~3 minutes smoke run
