@@ -58,5 +58,5 @@ SOAK_S ?= 1800
 .PHONY: soak
 soak: $(STAMP)
 	bash -c 'FLEETGATE_CHAOS_REQUESTS=10000 FLEETGATE_CHAOS_RATE=40 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/chaos && \
-	  FLEETGATE_FUZZ_EXAMPLES=1000 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/fuzz && \
+	  FLEETGATE_FUZZ_EXAMPLES=4500 FLEETGATE_PARSER_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/fuzz && \
 	  $(BIN)/python bench/soak.py --duration-s $(SOAK_S)'

@@ -321,11 +321,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     cases += args.only.split(",") if args.only else top_tenants(args.trace, args.tenants)
     t0 = time.perf_counter()
     work = [(s, c, names) for c in cases]
+    results: list[dict[str, Any]] = []
+
+    def _done(r: dict[str, Any]) -> None:
+        results.append(r)
+        runs = ", ".join(
+            f"{n} {v['replica_hours']:.0f} rh / {_f(v['slo_attainment'], '.4f')}"
+            for n, v in r["runs"].items()
+        )
+        print(f"[{len(results)}/{len(work)}] {r['case']}: {runs} ({r['wall_s']:.0f} s)", file=sys.stderr)
+
     if args.jobs > 1 and len(work) > 1:
         with ProcessPoolExecutor(max_workers=min(args.jobs, len(work))) as pool:
-            results = list(pool.map(run_case, work))
+            for r in pool.map(run_case, work):
+                _done(r)
     else:
-        results = [run_case(w) for w in work]
+        for w in work:
+            _done(run_case(w))
     wall = time.perf_counter() - t0
     print(
         f"ServeGen {Path(args.trace).name}, profile {args.profile}, cold start {args.cold_start_s:g} s, "

@@ -130,6 +130,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         steady = [s for s in samples if s["t_s"] >= args.warmup_s]
         rss_slope = slope_per_min([(s["t_s"], s["rss_mib"]) for s in steady])
         fd_slope = slope_per_min([(s["t_s"], s["fds"]) for s in steady])
+        # bounded structures (e.g. the SLO window's 100,000 samples) grow until full, then stay flat: the
+        # last quarter shows whether growth stopped
+        last = steady[len(steady) * 3 // 4 :]
+        rss_slope_last = slope_per_min([(s["t_s"], s["rss_mib"]) for s in last])
         rss = [s["rss_mib"] for s in steady] or [0.0]
         fds = [s["fds"] for s in steady] or [0]
         steady_min = max(1e-9, (steady[-1]["t_s"] - steady[0]["t_s"]) / 60.0) if len(steady) > 1 else 1e-9
@@ -158,6 +162,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             "fds_first_last_max": [fds[0], fds[-1], max(fds)],
             "rss_slope_mib_per_min": round(rss_slope, 4),
             "fd_slope_per_min": round(fd_slope, 4),
+            "rss_slope_last_quarter_mib_per_min": round(rss_slope_last, 4),
             "no_growth_trend": verdict,
             "samples": samples,
             "error_kinds": report.error_kinds,

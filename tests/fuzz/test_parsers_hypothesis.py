@@ -2,7 +2,7 @@
 and the image decoder. Hostile input may only ever raise the module's own client error (a 400), never an
 arbitrary exception (which the gateway would turn into a 500).
 
-CI: a few hundred cases each; ``FLEETGATE_FUZZ_EXAMPLES`` scales them (see docs/reliability.md)."""
+CI: 300 cases each; ``FLEETGATE_PARSER_FUZZ_EXAMPLES`` sets the count (see docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from fleetgate.core.sse import SSEParser, parse_all
 from fleetgate.multimodal.image import ImageError, ImageSpec, decode_base64, process_image
 from fleetgate.multimodal.pipeline import split_data_url
 
-N = int(os.environ.get("FLEETGATE_FUZZ_EXAMPLES", "25")) * 12  # 300 by default
+N = int(os.environ.get("FLEETGATE_PARSER_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(max_examples=N, deadline=None, suppress_health_check=list(HealthCheck))
 
 json_leaf = st.one_of(

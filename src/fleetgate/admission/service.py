@@ -281,7 +281,7 @@ class AdmissionService:
                 if entry.decision is None:
                     self.core.finish_rejected(entry, Reason.QUEUE_FULL, now)
             else:
-                await self._pump(now)
+                await self._pump(now, arrival=entry)
                 if entry.decision is None:
                     self.core.give_up_if_hopeless(entry, now)
             if entry.decision is None:
@@ -303,9 +303,18 @@ class AdmissionService:
         assert entry.decision is not None
         return entry.decision
 
-    async def _pump(self, now: float, only: QueueEntry | None = None) -> PumpPass:
-        """One pass over the queue (caller holds the lock); resolves the waiters it decided."""
-        p = self.core.pump(now, self.capacity, only)
+    async def _pump(
+        self, now: float, only: QueueEntry | None = None, arrival: QueueEntry | None = None
+    ) -> PumpPass:
+        """One pass over the queue (caller holds the lock); resolves the waiters it decided.
+
+        After ``arrival`` was queued the core decides whether a full pass is needed or trying the new
+        entry alone is equivalent (nothing refunded, admitted or re-ranked since the last full pass).
+        """
+        if arrival is not None:
+            p = self.core.pump_arrival(arrival, now, self.capacity)
+        else:
+            p = self.core.pump(now, self.capacity, only)
         while (a := p.next_attempt()) is not None:
             entry = a.entry
             try:
@@ -323,8 +332,11 @@ class AdmissionService:
                     p.finished.append(entry)
                 continue
             p.report(a, outcome)
-        if only is None:
+        if p.full:
             self._next_retry_s = p.min_retry_s
+        elif arrival is not None and p.min_retry_s is not None:
+            cur = self._next_retry_s
+            self._next_retry_s = p.min_retry_s if cur is None else min(cur, p.min_retry_s)
         for entry in p.finished:
             self._resolve(entry)
         return p
@@ -349,6 +361,9 @@ class AdmissionService:
                     continue
                 now = self.clock()
                 delay = self._next_retry_s if self._next_retry_s is not None else 0.05
+                valid_until = self.core.wake_at()  # a blocked meter may free up then
+                if valid_until is not None and math.isfinite(valid_until):
+                    delay = min(delay, valid_until - now)
                 deadline = self.core.queue.next_deadline()
                 if deadline is not None:
                     delay = min(delay, deadline - now)

@@ -30,7 +30,9 @@ The Redis store (stores/redis.py) implements ``take_all``/``adjust_all`` with th
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -523,13 +525,43 @@ class Attempt:
     charges: tuple[Charge, ...]
 
 
+class _Group:
+    """The queued entries of one (class, tenant): count, newest seq, and MU summed per meter key."""
+
+    __slots__ = ("count", "seqs", "sums", "weight")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seqs: list[int] = []  # heap of -seq (lazy deletion): the newest member on top
+        self.sums: dict[str, float] = {}  # first-tier charges of members with plans, per meter key
+        self.weight = 1.0
+
+
+def _contribution(entry: QueueEntry) -> dict[str, float]:
+    """What ``entry`` adds to the meters of its first tier (``AdmissionCore.estimated_wait``'s unit)."""
+    if entry.plans is None or not entry.plans[1]:
+        return {}
+    out: dict[str, float] = {}
+    for c in entry.plans[1][0][1]:
+        out[c.key] = out.get(c.key, 0.0) + c.amount
+    return out
+
+
 class AdmissionQueue:
-    """Bounded priority queue; order: priority class, then VTC within the class, then arrival."""
+    """Bounded priority queue; order: priority class, then VTC within the class, then arrival.
+
+    Besides the entries it keeps, per (class, tenant), the count, the newest entry and the first-tier MU
+    per meter, and a heap of deadlines, so that pushing, evicting, expiring and estimating a new entry's
+    wait cost O(log n + classes x tenants) rather than a pass over the queue.
+    """
 
     def __init__(self, max_size: int, vtc: VirtualTokenCounters | None = None) -> None:
         self.max_size = max_size
         self.vtc = vtc or VirtualTokenCounters()
         self._entries: dict[int, QueueEntry] = {}
+        self._groups: dict[tuple[Priority, str], _Group] = {}
+        self._deadlines: list[tuple[float, int]] = []  # heap (deadline, seq), lazy deletion
+        self._contrib: dict[int, dict[str, float]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -547,20 +579,82 @@ class AdmissionQueue:
         if len(self._entries) >= self.max_size:
             if not self._entries:
                 return False, None
-            worst = max(self._entries.values(), key=self._rank)
+            worst = self._worst()
             if self._rank(worst)[:2] <= self._rank(entry)[:2]:
                 return False, None
             self.remove(worst)
             evicted = worst
         self._entries[entry.seq] = entry
+        g = self._groups.get((entry.priority, entry.tenant.name))
+        if g is None:
+            g = self._groups[(entry.priority, entry.tenant.name)] = _Group()
+        g.count += 1
+        g.weight = entry.tenant.weight
+        heapq.heappush(g.seqs, -entry.seq)
+        heapq.heappush(self._deadlines, (entry.deadline_s, entry.seq))
+        self._add_contribution(entry, g)
         self.vtc.enter(entry.priority, entry.tenant.name)
         return True, evicted
 
     def _rank(self, e: QueueEntry) -> tuple[int, float, int]:
         return (PRIORITY_ORDER[e.priority], self.vtc.value(e.priority, e.tenant.name), e.seq)
 
+    def _newest(self, g: _Group) -> QueueEntry | None:
+        while g.seqs:
+            e = self._entries.get(-g.seqs[0])
+            if e is not None:
+                return e
+            heapq.heappop(g.seqs)
+        return None
+
+    def _worst(self) -> QueueEntry:
+        """The entry that ranks last: one candidate per (class, tenant), its newest entry."""
+        worst: QueueEntry | None = None
+        worst_rank: tuple[int, float, int] | None = None
+        for g in self._groups.values():
+            e = self._newest(g)
+            if e is None:
+                continue
+            r = self._rank(e)
+            if worst_rank is None or r > worst_rank:
+                worst, worst_rank = e, r
+        assert worst is not None
+        return worst
+
+    def _add_contribution(self, entry: QueueEntry, g: _Group) -> None:
+        contrib = _contribution(entry)
+        if contrib:
+            self._contrib[entry.seq] = contrib
+            for k, v in contrib.items():
+                g.sums[k] = g.sums.get(k, 0.0) + v
+
+    def _drop_contribution(self, entry: QueueEntry, g: _Group) -> None:
+        contrib = self._contrib.pop(entry.seq, None)
+        if contrib:
+            for k, v in contrib.items():
+                g.sums[k] = g.sums.get(k, 0.0) - v
+
+    def set_plans(
+        self,
+        entry: QueueEntry,
+        plans: tuple[CapacityView | None, tuple[tuple[Tier, tuple[Charge, ...]], ...]],
+    ) -> None:
+        """Give ``entry`` its per-tier charges (kept in the per-meter sums while it is queued)."""
+        g = self._groups.get((entry.priority, entry.tenant.name)) if entry in self else None
+        if g is not None:
+            self._drop_contribution(entry, g)
+        entry.plans = plans
+        if g is not None:
+            self._add_contribution(entry, g)
+
     def remove(self, entry: QueueEntry) -> None:
         if self._entries.pop(entry.seq, None) is not None:
+            key = (entry.priority, entry.tenant.name)
+            g = self._groups[key]
+            g.count -= 1
+            self._drop_contribution(entry, g)
+            if g.count <= 0:
+                del self._groups[key]  # also forgets float residue of the sums
             self.vtc.leave(entry.priority, entry.tenant.name)
 
     def ordered(self) -> list[QueueEntry]:
@@ -568,13 +662,34 @@ class AdmissionQueue:
 
     def expired(self, now: float) -> list[QueueEntry]:
         """Remove and return the entries whose deadline has passed."""
-        out = [e for e in self._entries.values() if e.deadline_s < now]
+        out: list[QueueEntry] = []
+        heap = self._deadlines
+        while heap and heap[0][0] < now:
+            _d, seq = heapq.heappop(heap)
+            e = self._entries.get(seq)
+            if e is not None and e.deadline_s < now:
+                out.append(e)
+        out.sort(key=lambda e: e.seq)
         for e in out:
             self.remove(e)
         return out
 
     def next_deadline(self) -> float | None:
-        return min((e.deadline_s for e in self._entries.values()), default=None)
+        heap = self._deadlines
+        while heap and heap[0][1] not in self._entries:
+            heapq.heappop(heap)
+        if len(heap) > 4 * len(self._entries) + 64:  # many removed entries: rebuild
+            self._deadlines = heap = [(e.deadline_s, e.seq) for e in self._entries.values()]
+            heapq.heapify(heap)
+        return heap[0][0] if heap else None
+
+    def groups(self) -> Iterator[tuple[Priority, str, _Group]]:
+        for (prio, tenant), g in self._groups.items():
+            yield prio, tenant, g
+
+    def newest_of(self, priority: Priority, tenant: str) -> QueueEntry | None:
+        g = self._groups.get((priority, tenant))
+        return None if g is None else self._newest(g)
 
 
 class PumpPass:
@@ -586,6 +701,9 @@ class PumpPass:
         p = core.pump(now, capacity_of)
         while (a := p.next_attempt()) is not None:
             p.report(a, store.take(a.charges, now))
+
+    ``blocked`` seeds the meters already blocked by entries ranked ahead (an incremental pass over one new
+    entry, see ``AdmissionCore.pump_arrival``): meter key -> (wait, drained state).
     """
 
     def __init__(
@@ -594,41 +712,68 @@ class PumpPass:
         now: float,
         capacity_of: Callable[[str], CapacityView | None],
         only: QueueEntry | None = None,
+        *,
+        blocked: Mapping[str, tuple[float, BucketState | None]] | None = None,
+        full: bool | None = None,
     ) -> None:
         self.core = core
         self.now = now
         self.capacity_of = capacity_of
         self.finished: list[QueueEntry] = []  # entries with a final decision (admitted or rejected)
         self._only = only
+        self.full = only is None if full is None else full  # a pass over the whole queue
         if only is None:
             for e in core.queue.expired(now):
                 core.finish_rejected(e, Reason.DEADLINE, now)
                 self.finished.append(e)
         self._blocked: dict[str, float] = {}  # meter key -> wait of the entry it blocked
         self._blocked_states: dict[str, BucketState] = {}
+        for k, (w, st) in (blocked or {}).items():
+            self._blocked[k] = w
+            if st is not None:
+                self._blocked_states[k] = st
         self._order: Iterator[QueueEntry] = iter([only] if only is not None else core.queue.ordered())
-        self._pending: list[Attempt] = []
+        self._pending: deque[Attempt] = deque()
+        self._caps: dict[str, CapacityView | None] = {}
         self.min_retry_s: float | None = None
+        self.unblock_s: float | None = None  # earliest time (store clock) a blocked meter frees up
+        self.blockers: dict[str, tuple[QueueEntry, float, BucketState | None]] = {}  # first entry blocked
+        self.admitted = False
+        self.arrival = False
+        self._closed = False
+
+    def capacity(self, model: str) -> CapacityView | None:
+        """The deployment's capacity, read once per pass."""
+        if model in self._caps:
+            return self._caps[model]
+        cap = self._caps[model] = self.capacity_of(model)
+        return cap
 
     def next_attempt(self) -> Attempt | None:
         while True:
             if self._pending:
-                a = self._pending.pop(0)
+                a = self._pending.popleft()
                 if a.entry.decision is not None or (self._only is None and a.entry not in self.core.queue):
                     continue
-                blocked = [c.key for c in a.charges if c.enforce and c.key in self._blocked]
+                blocked_map = self._blocked
+                blocked = [c.key for c in a.charges if c.enforce and c.key in blocked_map]
                 if blocked:
                     self._skip(a, blocked)
                     continue
                 return a
             entry = next(self._order, None)
             if entry is None:
+                if not self._closed:
+                    self._closed = True
+                    self.core._after_pass(self)
                 return None
-            cap = self.capacity_of(entry.request.model)
+            cap = self.capacity(entry.request.model)
             if entry.plans is None or entry.plans[0] != cap:  # plans change only with the capacity
                 st, tenant, r = self.core.settings, entry.tenant, entry.request
-                entry.plans = (cap, tuple((t, plan_charges(tenant, r, t, cap, st)) for t in entry.tiers))
-            self._pending = [Attempt(entry, t, charges) for t, charges in entry.plans[1]]
+                plans = (cap, tuple((t, plan_charges(tenant, r, t, cap, st)) for t in entry.tiers))
+                self.core.queue.set_plans(entry, plans)
+            assert entry.plans is not None
+            self._pending.extend(Attempt(entry, t, charges) for t, charges in entry.plans[1])
 
     def _skip(self, a: Attempt, blocked: list[str]) -> None:
         """``a`` waits behind an earlier entry blocked on the same meter(s): remember why, for its verdict."""
@@ -644,14 +789,30 @@ class PumpPass:
     def report(self, attempt: Attempt, outcome: TakeOutcome) -> None:
         entry = attempt.entry
         if outcome.allowed:
-            self._pending = []
+            self.admitted = True
+            self._pending.clear()
             self.core.finish_admitted(entry, attempt, outcome)
             self.finished.append(entry)
             return
+        by_key = {c.key: c for c in attempt.charges}
         for k in outcome.blocked:
             self._blocked[k] = max(self._blocked.get(k, 0.0), outcome.retry_after_s)
-            if k in outcome.states:
-                self._blocked_states.setdefault(k, outcome.states[k])
+            st = outcome.states.get(k)
+            if st is not None:
+                self._blocked_states.setdefault(k, st)
+            if k not in self.blockers:
+                self.blockers[k] = (entry, outcome.retry_after_s, st)
+            # When this meter alone frees up for this charge (the entry may stay blocked on another).
+            c = by_key.get(k)
+            free_in = outcome.retry_after_s
+            if c is not None and st is not None:
+                free_in = max(MIN_RETRY_AFTER_S, wait_s(st, c.params, c.amount, st.updated_s))
+                free_in = min(free_in, outcome.retry_after_s)
+            at = self.now + free_in
+            self.unblock_s = at if self.unblock_s is None else min(self.unblock_s, at)
+        if not outcome.blocked:  # denied without naming a meter: retry after its wait
+            at = self.now + outcome.retry_after_s
+            self.unblock_s = at if self.unblock_s is None else min(self.unblock_s, at)
         reason = denial_reason(attempt.charges, outcome.blocked)
         # The first tier (the reservation when there is one) names the verdict; any tier may shorten the wait.
         if attempt.tier == entry.tiers[0] or entry.last_tier is None:
@@ -670,7 +831,6 @@ class PumpPass:
             else min(self.min_retry_s, outcome.retry_after_s)
         )
 
-
 class AdmissionCore:
     """Queue, fairness and decision-making; bucket state lives in a store the caller drives.
 
@@ -681,6 +841,16 @@ class AdmissionCore:
         self.settings = settings or AdmissionSettings()
         self.queue = AdmissionQueue(self.settings.queue_max)
         self._seq = 0
+        # What the last full pass learnt, kept up to date by arrivals: while it holds, a new arrival is
+        # decided by trying it alone against the meters blocked by entries ranked ahead of it.
+        self._valid = False
+        self._valid_until = math.inf  # a blocked meter may free up then (pass clock)
+        self._blockers: dict[str, tuple[QueueEntry, float, BucketState | None]] = {}
+        self._caps: dict[str, CapacityView | None] = {}
+        self._undo: tuple[QueueEntry, dict[str, tuple[QueueEntry, float, BucketState | None]], float] | None
+        self._undo = None
+        self.full_passes = 0
+        self.arrival_passes = 0
 
     @property
     def vtc(self) -> VirtualTokenCounters:
@@ -731,7 +901,74 @@ class AdmissionCore:
         only: QueueEntry | None = None,
     ) -> PumpPass:
         """A pass over the whole queue, or over ``only`` (an entry the full queue refused)."""
+        if only is None:
+            self._valid = False  # until this pass completes
+            self.full_passes += 1
         return PumpPass(self, now, capacity_of, only)
+
+    def invalidate(self) -> None:
+        """Something other than time changed the meters or the order (refund, capacity, fair shares): the
+        next arrival runs a full pass."""
+        self._valid = False
+        self._undo = None
+
+    def wake_at(self) -> float | None:
+        """When a full pass may decide something new (``None``: now); deadlines are separate."""
+        return self._valid_until if self._valid else None
+
+    def pump_arrival(
+        self, entry: QueueEntry, now: float, capacity_of: Callable[[str], CapacityView | None]
+    ) -> PumpPass:
+        """The pass to run after ``entry`` was queued: equivalent to a full pass, but O(log n).
+
+        Since the last full pass nothing was admitted, refunded or re-ranked and no meter can have freed up
+        (time is before the earliest unblock), so every other queued entry is still blocked exactly as that
+        pass found; only ``entry`` needs trying, behind the meters blocked by entries ranked ahead of it.
+        Otherwise (or when a blocking entry left, or a capacity changed) this is a full pass.
+        """
+        expired = self.queue.expired(now)
+        for e in expired:
+            self.finish_rejected(e, Reason.DEADLINE, now)
+        ok = self._valid and now < self._valid_until and entry in self.queue
+        if ok:
+            ok = all(b in self.queue for b, _w, _s in self._blockers.values())
+        if ok:
+            ok = all(capacity_of(m) == cap for m, cap in self._caps.items())
+        if not ok:
+            p = self.pump(now, capacity_of)
+        else:
+            self.arrival_passes += 1
+            rank = self.queue._rank(entry)
+            seed = {k: (w, st) for k, (b, w, st) in self._blockers.items() if self.queue._rank(b) < rank}
+            p = PumpPass(self, now, capacity_of, entry, blocked=seed, full=False)
+            p.arrival = True
+        p.finished[:0] = expired
+        return p
+
+    def _after_pass(self, p: PumpPass) -> None:
+        if p.full:
+            if p.admitted:
+                return  # fair shares moved: the order may differ now, so the next arrival runs a full pass
+            self._blockers = dict(p.blockers)
+            self._valid_until = math.inf if p.unblock_s is None else p.unblock_s
+            self._caps = dict(p._caps)
+            self._valid = True
+            self._undo = None
+            return
+        if not p.arrival or not self._valid or p.admitted:
+            return
+        entry = p._only
+        assert entry is not None
+        self._undo = (entry, dict(self._blockers), self._valid_until)
+        if p.unblock_s is not None:
+            self._valid_until = min(self._valid_until, p.unblock_s)
+        rank = self.queue._rank(entry)
+        for k, b in p.blockers.items():
+            cur = self._blockers.get(k)
+            if cur is None or rank < self.queue._rank(cur[0]):
+                self._blockers[k] = b
+        for m, cap in p._caps.items():
+            self._caps.setdefault(m, cap)
 
     def estimated_wait(self, entry: QueueEntry) -> float:
         """The entry's own wait plus the time to drain what will be served before it on the meters it needs.
@@ -747,6 +984,8 @@ class AdmissionCore:
             return own
         keys = {c.key for c in first}
         order = PRIORITY_ORDER[entry.priority]
+        if entry in self.queue and self.queue.newest_of(entry.priority, entry.tenant.name) is entry:
+            return own + self._wait_from_sums(entry, first, keys, order)
         rank = self.queue._rank(entry)
         mine: dict[str, float] = dict.fromkeys(keys, 0.0)
         higher: dict[str, float] = dict.fromkeys(keys, 0.0)
@@ -780,6 +1019,43 @@ class AdmissionCore:
             wait = max(wait, ahead / c.params.rate_per_s)
         return own + wait
 
+    def _wait_from_sums(self, entry: QueueEntry, first: list[Charge], keys: set[str], order: int) -> float:
+        """``estimated_wait``'s sum for the newest entry of its (class, tenant), from the queue's per-(class,
+        tenant) sums: O(classes x tenants) instead of a pass over the queue."""
+        mine: dict[str, float] = dict.fromkeys(keys, 0.0)
+        higher: dict[str, float] = dict.fromkeys(keys, 0.0)
+        peers: dict[tuple[str, str], float] = {}
+        weights: dict[str, float] = {}
+        name = entry.tenant.name
+        own_contrib = self.queue._contrib.get(entry.seq, {})
+        for prio, tenant, g in self.queue.groups():
+            o = PRIORITY_ORDER[prio]
+            if o > order or not g.sums:
+                continue
+            for k in keys:
+                mu = g.sums.get(k)
+                if mu is None:
+                    continue
+                if tenant == name:
+                    if o == order:
+                        mu -= own_contrib.get(k, 0.0)  # everything of its own but itself ranks ahead
+                    mine[k] += mu
+                elif o < order:
+                    higher[k] += mu
+                else:
+                    peers[(tenant, k)] = peers.get((tenant, k), 0.0) + mu
+                    weights[tenant] = g.weight
+        w_self = entry.tenant.weight if entry.tenant.weight > 0 else 1.0
+        wait = 0.0
+        for c in first:
+            share = mine[c.key] + c.amount
+            ahead = mine[c.key] + higher[c.key]
+            for (tname, key), mu in peers.items():
+                if key == c.key:
+                    ahead += min(mu, share * weights[tname] / w_self)
+            wait = max(wait, ahead / c.params.rate_per_s)
+        return wait
+
     def give_up_if_hopeless(self, entry: QueueEntry, now: float) -> bool:
         """Reject a still-queued entry now when its estimated wait ends after its deadline."""
         if entry not in self.queue:
@@ -787,6 +1063,10 @@ class AdmissionCore:
         wait = self.estimated_wait(entry)
         if now + wait > entry.deadline_s:
             self.queue.remove(entry)
+            if self._undo is not None and self._undo[0] is entry:
+                # It never got in: what the queue had learnt before it arrived still holds.
+                _e, self._blockers, self._valid_until = self._undo
+            self._undo = None
             entry.retry_after_s = max(entry.retry_after_s, wait)
             self.finish_rejected(entry, entry.last_reason, now)
             return True
@@ -794,6 +1074,7 @@ class AdmissionCore:
 
     def finish_admitted(self, entry: QueueEntry, attempt: Attempt, outcome: TakeOutcome) -> None:
         self.queue.remove(entry)
+        self.invalidate()
         self.vtc.charge(entry.priority, entry.tenant.name, entry.request.cost_mu, entry.tenant.weight)
         entry.decision = Decision(
             True,
@@ -822,7 +1103,8 @@ class AdmissionCore:
     def settled(
         self, decision: Decision, tenant: TenantLimits, request: RequestInfo, actual_mu: float
     ) -> None:
-        """Correct the fairness counter by ``actual - estimate``."""
+        """Correct the fairness counter by ``actual - estimate`` (and note that meters were refunded)."""
+        self.invalidate()
         prio = request_priority(tenant, request)
         self.vtc.charge(prio, tenant.name, actual_mu - request.cost_mu, tenant.weight)
 
@@ -862,12 +1144,20 @@ class LocalAdmission:
         self._queued: dict[str, QueueEntry] = {}
         self._next_wake: float | None = None  # nothing can change before then unless something is submitted
 
-    def _run(self, now: float, only: QueueEntry | None = None) -> PumpPass:
-        p = self.core.pump(now, self.capacity_of, only)
+    def _run(
+        self, now: float, only: QueueEntry | None = None, arrival: QueueEntry | None = None
+    ) -> PumpPass:
+        if arrival is not None:
+            p = self.core.pump_arrival(arrival, now, self.capacity_of)
+        else:
+            p = self.core.pump(now, self.capacity_of, only)
         while (a := p.next_attempt()) is not None:
             p.report(a, self.buckets.take(a.charges, now))
         if only is None:
             wake = None if p.min_retry_s is None else now + p.min_retry_s
+            valid_until = self.core.wake_at()
+            if valid_until is not None and not math.isinf(valid_until):
+                wake = valid_until if wake is None else min(wake, valid_until)
             deadline = self.core.queue.next_deadline()
             if deadline is not None:
                 wake = deadline if wake is None else min(wake, deadline)
@@ -888,7 +1178,7 @@ class LocalAdmission:
                 self.core.finish_rejected(entry, Reason.QUEUE_FULL, now)
             return entry.decision
         self._queued[request.request_id] = entry
-        self._run(now)
+        self._run(now, arrival=entry)
         self.core.give_up_if_hopeless(entry, now)
         if entry.decision is not None:
             self._queued.pop(request.request_id, None)

@@ -84,6 +84,9 @@ class FleetgatePolicy:
         guard_exempt_ratio: float = 0.3,
         cached_load_bound: float = 1.5,
         sticky_min_blocks: int = 1,
+        chunk_tokens: int = 8192,
+        interference_seq_tokens: float | None = None,
+        interference_kv_tokens: float | None = None,
         profile: str | None = None,
         prefill_mu_per_token: float | None = None,
         cache_discount: float | None = None,
@@ -101,6 +104,28 @@ class FleetgatePolicy:
         self.beta = prof.beta
         self.gamma = prof.gamma
         self.default_output = float(prof.default_output_tokens)
+        perf = prof.perf or {}
+        if chunk_tokens < 1:
+            raise ValueError("chunk_tokens must be >= 1")
+        self.chunk_tokens = chunk_tokens
+        # Decode interference: every engine iteration (one prefill chunk of ``chunk_tokens``) also runs the
+        # in-flight requests' decode steps. Expressed in prefill-token equivalents per in-flight request and
+        # per in-flight KV token; defaults from the profile's step-time coefficients when it has them, else
+        # those of the Splitwise llama2-70b fit (2.5 and 1.4e-3).
+        pst = float(perf.get("prefill_s_per_token") or 0.0)
+        seq_d = float(perf["decode_step_per_seq_s"]) / pst if pst and "decode_step_per_seq_s" in perf else 2.5
+        kv_d = (
+            float(perf["decode_step_per_kilotoken_s"]) / 1000.0 / pst
+            if pst and "decode_step_per_kilotoken_s" in perf
+            else 1.4e-3
+        )
+        self.int_seq = seq_d if interference_seq_tokens is None else float(interference_seq_tokens)
+        self.int_kv = kv_d if interference_kv_tokens is None else float(interference_kv_tokens)
+        if self.int_seq < 0 or self.int_kv < 0:
+            raise ValueError("interference_seq_tokens and interference_kv_tokens must be >= 0")
+        # Per replica: [in-flight requests, in-flight KV tokens] dispatched by this policy (never lags).
+        self._kv: dict[str, list[float]] = {}
+        self._kv_of: dict[str, tuple[str, float]] = {}
         if load_signal not in ("ewma", "window"):
             raise ValueError("load_signal must be 'ewma' or 'window'")
         self.load_signal = load_signal
@@ -247,6 +272,11 @@ class FleetgatePolicy:
 
         sticky = self.sticky_cache
         skipped = 0
+        kvd = self._kv
+        int_seq, int_kv = self.int_seq, self.int_kv
+        interf = int_seq > 0 or int_kv > 0
+        chunk = float(self.chunk_tokens)
+        spt = full / inp if inp > 0 else 0.0  # MU per prompt token
         while True:  # a second pass without the guard only if the guard left nothing (a huge request)
             best_i = deep_i = sub_i = -1
             best_t = deep_t = sub_t = _INF
@@ -283,6 +313,14 @@ class FleetgatePolicy:
                         cached = d * bt
                         pre -= save_per_token * (cached if cached < inp else inp)
                 t = wait + pre / cap
+                if interf:
+                    kv = kvd.get(name)
+                    if kv is not None and kv[0] > 0:
+                        # Each chunk (ahead of and of this request) also runs the in-flight decodes.
+                        unc = inp - (d * bt if d * bt < inp else inp)
+                        t += (int_seq * kv[0] + int_kv * kv[1]) / chunk * (
+                            wait + (unc if unc > chunk else chunk) * spt / cap
+                        )
                 if (
                     v > rel_lim
                     and v + own - mean > slack * cap
@@ -349,7 +387,17 @@ class FleetgatePolicy:
         if request.request_id:
             if len(self._charged) > 100_000:  # outcomes that never came back: forget them
                 self._charged.clear()
+                self._kv_of.clear()
+                self._kv.clear()
             self._charged[request.request_id] = cost
+            out = request.estimated_output_tokens or request.max_output_tokens or self.default_output
+            tokens = request.input_tokens + 0.5 * min(out, 4 * self.default_output)
+            kv = self._kv.get(replica)
+            if kv is None:
+                kv = self._kv[replica] = [0.0, 0.0]
+            kv[0] += 1.0
+            kv[1] += tokens
+            self._kv_of[request.request_id] = (replica, tokens)
         aff = self.affinity
         key = self._key(request)
         state = aff.keys.get(key)
@@ -381,6 +429,12 @@ class FleetgatePolicy:
         if self.outliers is not None:
             self.outliers.record(replica, ok, now)
         charged = self._charged.pop(request.request_id, None)
+        held = self._kv_of.pop(request.request_id, None)
+        if held is not None:
+            kv = self._kv.get(held[0])
+            if kv is not None:
+                kv[0] = max(kv[0] - 1.0, 0.0)
+                kv[1] = max(kv[1] - held[1], 0.0)
         if charged is not None and ok and cost_mu > 0:
             # Settle: the load signal follows what the request really cost, not its estimate.
             self.loads.add(replica, cost_mu - charged, now)
@@ -485,6 +539,9 @@ _PARAMS: dict[str, Any] = {
     "guard_exempt_ratio": float,
     "cached_load_bound": float,
     "sticky_min_blocks": int,
+    "chunk_tokens": int,
+    "interference_seq_tokens": float,
+    "interference_kv_tokens": float,
     "profile": str,
     "prefill_mu_per_token": float,
     "cache_discount": float,
