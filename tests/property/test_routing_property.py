@@ -153,3 +153,33 @@ def test_fleetgate_bookkeeping_stays_consistent(requests: list[RequestInfo], see
     assert aff.total_slots == sum(len(s.subset) for s in aff.keys.values())
     for name, count in aff.slots.items():
         assert count == sum(name in s.subset for s in aff.keys.values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    inserts=st.lists(
+        st.tuples(st.integers(0, 5), st.lists(st.integers(0, 6), min_size=1, max_size=6)),
+        min_size=0,
+        max_size=30,
+    ),
+    query=st.lists(st.integers(0, 6), min_size=0, max_size=8),
+    cap=st.one_of(st.none(), st.integers(1, 12)),
+    among=st.one_of(st.none(), st.sets(st.sampled_from([f"r{i}" for i in range(6)]))),
+)
+def test_prefix_match_equals_reference(
+    inserts: list[tuple[int, list[int]]], query: list[int], cap: int | None, among: set[str] | None
+) -> None:
+    from fleetgate.core.routing.prefix_index import PrefixIndex
+
+    def chain(blocks: list[int]) -> tuple[int, ...]:  # chained hashes: prefix k identifies blocks[:k]
+        return tuple(hash(tuple(blocks[: k + 1])) for k in range(len(blocks)))
+
+    idx = PrefixIndex(cap)
+    for r, blocks in inserts:
+        idx.insert(f"r{r}", chain(blocks))
+    q = chain(query)
+    depths, deepest = idx.match(q, among)
+    assert depths == idx._match_depths_reference(q, among)
+    assert idx.match_depths(q, among) == depths
+    top = max(depths.values(), default=0)
+    assert set(deepest) == {r for r, d in depths.items() if d == top}

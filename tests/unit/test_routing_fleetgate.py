@@ -185,6 +185,7 @@ def test_estimated_ttft_counts_uncached_prefill_and_queue() -> None:
     p = policy()
     r = request(0, (1, 2, 3, 4), input_tokens=2048)
     p.on_dispatch(request(1, (1, 2, 3)), "r1", 0.0)
+    p.on_complete(request(1, (1, 2, 3)), "r1", 1.0, 0.0, True)  # finished: no decode interference left
     replicas = [
         ReplicaSnapshot("r0", capacity_mu_per_min=60.0),
         ReplicaSnapshot("r1", capacity_mu_per_min=60.0),
@@ -329,3 +330,101 @@ def test_params_are_validated() -> None:
     with pytest.raises(ValueError):
         policy(load_signal="median")
     assert policy(key="session", load_signal="window").load_signal == "window"
+
+
+# -- sequence slots, decode interference, uncached spill ---------------------------------------------------
+
+
+def test_replica_near_its_sequence_slot_limit_is_avoided() -> None:
+    p = policy(max_running=4, slot_fraction=1.0, slot_wait_s=1.0, spill_factor_new=1.0)
+    replicas = fleet(2)
+    for i in range(4):  # r0 is full: 4 tiny requests in flight
+        p.on_dispatch(request(i, input_tokens=1, cost_mu=0.001), "r0", 0.0)
+    assert p.inflight("r0") == 4
+    d = p.pick(request(10, input_tokens=1, cost_mu=0.001), replicas, 0.0, random.Random(0))
+    assert d.replica == "r1"
+    for i in range(4):
+        p.on_complete(request(i, input_tokens=1, cost_mu=0.001), "r0", 1.0, 0.001, True)
+    assert p.inflight("r0") == 0
+    assert p._busy == {}
+
+
+def test_slot_penalty_grows_with_requests_over_the_threshold() -> None:
+    p = policy(max_running=8, slot_fraction=0.5, slot_wait_s=0.25)
+    assert p.slot_from == 4
+    for i in range(6):
+        p.on_dispatch(request(i, input_tokens=1, cost_mu=0.001), "r0", 0.0)
+    assert p._busy["r0"] == pytest.approx((6 + 1 - 4) * 0.25)
+
+
+def test_decode_interference_is_off_by_default_and_raises_estimate_when_on() -> None:
+    base, on = policy(), policy(interference_seq_tokens=2.5, interference_kv_tokens=1.4e-3)
+    assert base.int_seq == 0.0 and base.int_kv == 0.0
+    rep = [ReplicaSnapshot("r0")]
+    for p in (base, on):
+        p.on_dispatch(request(1, (7,), input_tokens=20_000), "r0", 0.0)
+    # Two replicas so that the estimate is computed (one replica short-circuits).
+    reps = [*rep, ReplicaSnapshot("r1", health=HealthState.UNHEALTHY), ReplicaSnapshot("r2")]
+    t_base = base.pick(request(2, (9,)), reps, 100.0, random.Random(0))
+    t_on = on.pick(request(2, (9,)), reps, 100.0, random.Random(0))
+    assert t_base.replica == t_on.replica == "r2"  # the idle replica either way
+    on2 = policy(interference_seq_tokens=2.5, interference_kv_tokens=1.4e-3)
+    on2.on_dispatch(request(1, (7,), input_tokens=20_000), "r0", 0.0)
+    on2.on_dispatch(request(3, (8,), input_tokens=20_000), "r2", 0.0)
+    base2 = policy()
+    base2.on_dispatch(request(1, (7,), input_tokens=20_000), "r0", 0.0)
+    base2.on_dispatch(request(3, (8,), input_tokens=20_000), "r2", 0.0)
+    e_on = on2.pick(request(2, (9,)), reps, 100.0, random.Random(0)).scores["est_ttft_s"]
+    e_base = base2.pick(request(2, (9,)), reps, 100.0, random.Random(0)).scores["est_ttft_s"]
+    assert e_on > e_base
+
+
+def test_uncached_request_may_leave_its_subset_for_a_faster_replica() -> None:
+    # Nothing of the prompt is cached anywhere: the fastest replica takes it (spill_factor_new).
+    # A little queued prefill on the subset's replica: the old spill rule (1.5x + 0.5 s) keeps it there.
+    for factor, slack, leaves in ((1.0, 0.0, True), (1.5, 0.5, False)):
+        p = policy(spill_factor_new=factor, spill_slack_new_s=slack, min_subset=1)
+        replicas = fleet(8)
+        d0 = p.pick(request(0, (42, 43), input_tokens=4096), replicas, 0.0, random.Random(0))
+        p.on_dispatch(request(100, (500,), input_tokens=3000), d0.replica, 0.0)
+        d = p.pick(request(1, (42, 43), input_tokens=4096), replicas, 0.0, random.Random(0))
+        assert (d.replica != d0.replica) is leaves
+        assert d.reason == ("fleetgate:spill" if leaves else "fleetgate:affinity")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"spill_factor_new": 0.9},
+        {"spill_slack_new_s": -1.0},
+        {"slot_fraction": 0.0},
+        {"max_running": -1},
+        {"interference_seq_tokens": -1.0},
+        {"chunk_tokens": 0},
+    ],
+)
+def test_new_parameters_are_validated(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        policy(**bad)
+
+
+def test_scan_limit_still_finds_the_cache_holder() -> None:
+    p = policy(scan_limit=4)
+    replicas = fleet(32)
+    p.on_dispatch(request(0, (1, 2, 3, 4, 5, 6)), "r17", 0.0)
+    p.on_complete(request(0, (1, 2, 3, 4, 5, 6)), "r17", 1.0, 1.0, True)
+    for seed in range(10):
+        d = p.pick(request(1, (1, 2, 3, 4, 5, 6, 7)), replicas, 2.0, random.Random(seed))
+        assert d.replica == "r17"
+    with pytest.raises(ValueError):
+        policy(scan_limit=-1)
+
+
+def test_inflight_count_survives_a_retry_without_outcome() -> None:
+    p = policy()
+    r = request(1, input_tokens=100)
+    p.on_dispatch(r, "r0", 0.0)
+    p.on_dispatch(r, "r1", 0.1)  # retried elsewhere, the first attempt's outcome never reported
+    assert (p.inflight("r0"), p.inflight("r1")) == (0, 1)
+    p.on_complete(r, "r1", 1.0, 1.0, True)
+    assert p.inflight("r1") == 0

@@ -273,6 +273,11 @@ class AdmissionService:
             if entry.decision is not None:
                 return entry.decision
         async with self._lock:
+            if self._closed:  # closed while this request waited for the lock: nothing would wake it
+                entry.retry_after_s = max(entry.retry_after_s, 1.0)
+                self.core.finish_rejected(entry, Reason.STORE_UNAVAILABLE, now)
+                assert entry.decision is not None
+                return entry.decision
             accepted, evicted = self.core.enqueue(entry, now)
             if evicted is not None:
                 self._resolve(evicted)

@@ -25,6 +25,17 @@ Queue
     entry has a deadline. An entry blocked on a bucket blocks later entries needing the same bucket within
     one pass, so order is kept per bucket.
 
+Cost of a pass (docs/benchmarks.md, "Admission queue under overload")
+    A full pass sorts the queue, so it is O(n log n); it runs when something other than a new arrival may
+    have changed the outcome: an admission or a settle (fair shares and meters moved), a meter that may have
+    drained enough (the earliest unblock time the last pass saw), a blocking entry that left, a capacity
+    change. It stops as soon as every queued entry has a blocked meter in each of its tiers; the skipped
+    entries' notes (why they wait) are filled in when needed (``AdmissionCore.materialize``). A new arrival
+    otherwise is tried alone behind the meters blocked by entries ranked ahead of it
+    (``AdmissionCore.pump_arrival``), which decides exactly what a full pass would; its wait estimate uses
+    per-(class, tenant) sums, and deadlines and evictions use heaps, so an arrival costs O(log n + classes x
+    tenants) rather than a pass over the queue.
+
 The Redis store (stores/redis.py) implements ``take_all``/``adjust_all`` with the same arithmetic in Lua.
 """
 
@@ -500,6 +511,36 @@ class QueueEntry:
     blocked_wait_s: float = 0.0  # when skipped behind an entry blocked on the same meter: that entry's wait
     decision: Decision | None = None
     plans: tuple[CapacityView | None, tuple[tuple[Tier, tuple[Charge, ...]], ...]] | None = None
+    seen_pass: int = -1  # the full pass that last looked at it (-1: never queued)
+
+
+def _apply_skip(
+    entry: QueueEntry,
+    tier: Tier,
+    charges: tuple[Charge, ...],
+    blocked: list[str],
+    waits: Mapping[str, float],
+    states: Mapping[str, BucketState],
+) -> None:
+    """``entry`` waits behind an earlier entry blocked on the same meter(s): remember why, for its verdict."""
+    entry.blocked_wait_s = max(waits[k] for k in blocked)
+    if entry.last_tier is None and tier == entry.tiers[0]:
+        kinds = {c.key: c.kind for c in charges}
+        entry.last_reason = denial_reason(charges, blocked)
+        entry.last_blocked = tuple(kinds[k] for k in blocked)
+        entry.last_charges = charges
+        entry.last_states = {k: states[k] for k in blocked if k in states}
+
+
+_Signature = tuple[str, "CapacityView | None", tuple[frozenset[str], ...]] | None
+
+
+def _signature(entry: QueueEntry) -> _Signature:
+    """Model, capacity of its plans, and the enforced meters of each tier (``None``: no plans yet)."""
+    if entry.plans is None:
+        return None
+    keysets = tuple(frozenset(c.key for c in ch if c.enforce) for _t, ch in entry.plans[1])
+    return (entry.request.model, entry.plans[0], keysets)
 
 
 def request_priority(tenant: TenantLimits, request: RequestInfo) -> Priority:
@@ -562,6 +603,12 @@ class AdmissionQueue:
         self._groups: dict[tuple[Priority, str], _Group] = {}
         self._deadlines: list[tuple[float, int]] = []  # heap (deadline, seq), lazy deletion
         self._contrib: dict[int, dict[str, float]] = {}
+        self._sigs: dict[_Signature, int] = {}  # how many queued entries have each signature
+        self._sig_of: dict[int, _Signature] = {}
+        self._unplanned: dict[int, QueueEntry] = {}  # queued entries without plans yet (just arrived)
+
+    def unplanned(self) -> list[QueueEntry]:
+        return list(self._unplanned.values())
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -593,6 +640,7 @@ class AdmissionQueue:
         heapq.heappush(g.seqs, -entry.seq)
         heapq.heappush(self._deadlines, (entry.deadline_s, entry.seq))
         self._add_contribution(entry, g)
+        self._add_sig(entry)
         self.vtc.enter(entry.priority, entry.tenant.name)
         return True, evicted
 
@@ -621,6 +669,38 @@ class AdmissionQueue:
         assert worst is not None
         return worst
 
+    def _add_sig(self, entry: QueueEntry) -> None:
+        sig = self._sig_of[entry.seq] = _signature(entry)
+        self._sigs[sig] = self._sigs.get(sig, 0) + 1
+        if sig is None:
+            self._unplanned[entry.seq] = entry
+
+    def _drop_sig(self, entry: QueueEntry) -> None:
+        sig = self._sig_of.pop(entry.seq)
+        if sig is None:
+            self._unplanned.pop(entry.seq, None)
+        n = self._sigs[sig] - 1
+        if n <= 0:
+            del self._sigs[sig]
+        else:
+            self._sigs[sig] = n
+
+    def all_blocked(
+        self, blocked: Mapping[str, float], capacity: Callable[[str], CapacityView | None]
+    ) -> bool:
+        """Whether every queued entry has, in each of its tiers, an enforced meter in ``blocked`` (with its
+        plans still current): then a pass would only skip the rest of the queue."""
+        for sig in self._sigs:
+            if sig is None:
+                return False
+            model, cap, keysets = sig
+            if capacity(model) != cap:
+                return False
+            for ks in keysets:
+                if not ks or ks.isdisjoint(blocked):
+                    return False
+        return True
+
     def _add_contribution(self, entry: QueueEntry, g: _Group) -> None:
         contrib = _contribution(entry)
         if contrib:
@@ -643,9 +723,11 @@ class AdmissionQueue:
         g = self._groups.get((entry.priority, entry.tenant.name)) if entry in self else None
         if g is not None:
             self._drop_contribution(entry, g)
+            self._drop_sig(entry)
         entry.plans = plans
         if g is not None:
             self._add_contribution(entry, g)
+            self._add_sig(entry)
 
     def remove(self, entry: QueueEntry) -> None:
         if self._entries.pop(entry.seq, None) is not None:
@@ -653,6 +735,7 @@ class AdmissionQueue:
             g = self._groups[key]
             g.count -= 1
             self._drop_contribution(entry, g)
+            self._drop_sig(entry)
             if g.count <= 0:
                 del self._groups[key]  # also forgets float residue of the sums
             self.vtc.leave(entry.priority, entry.tenant.name)
@@ -741,6 +824,8 @@ class PumpPass:
         self.admitted = False
         self.arrival = False
         self._closed = False
+        self._check_stop = False
+        self.stopped_early = False
 
     def capacity(self, model: str) -> CapacityView | None:
         """The deployment's capacity, read once per pass."""
@@ -761,33 +846,41 @@ class PumpPass:
                     self._skip(a, blocked)
                     continue
                 return a
+            if self._check_stop and self.full:
+                self._check_stop = False
+                for e in self.core.queue.unplanned():
+                    self._plan(e)  # as the pass will when it gets there (capacity is read once per pass)
+                if self._blocked and self.core.queue.all_blocked(self._blocked, self.capacity):
+                    # Every entry left would only be skipped: stop; their skip notes are filled in lazily.
+                    self.stopped_early = True
+                    self._order = iter(())
+                    self.core._lazy = (self.core.pass_id, dict(self._blocked), dict(self._blocked_states))
             entry = next(self._order, None)
+            if entry is not None and self.full:
+                entry.seen_pass = self.core.pass_id
             if entry is None:
                 if not self._closed:
                     self._closed = True
                     self.core._after_pass(self)
                 return None
-            cap = self.capacity(entry.request.model)
-            if entry.plans is None or entry.plans[0] != cap:  # plans change only with the capacity
-                st, tenant, r = self.core.settings, entry.tenant, entry.request
-                plans = (cap, tuple((t, plan_charges(tenant, r, t, cap, st)) for t in entry.tiers))
-                self.core.queue.set_plans(entry, plans)
+            self._plan(entry)
             assert entry.plans is not None
             self._pending.extend(Attempt(entry, t, charges) for t, charges in entry.plans[1])
 
+    def _plan(self, entry: QueueEntry) -> None:
+        cap = self.capacity(entry.request.model)
+        if entry.plans is None or entry.plans[0] != cap:  # plans change only with the capacity
+            st, tenant, r = self.core.settings, entry.tenant, entry.request
+            plans = (cap, tuple((t, plan_charges(tenant, r, t, cap, st)) for t in entry.tiers))
+            self.core.queue.set_plans(entry, plans)
+
     def _skip(self, a: Attempt, blocked: list[str]) -> None:
         """``a`` waits behind an earlier entry blocked on the same meter(s): remember why, for its verdict."""
-        entry = a.entry
-        entry.blocked_wait_s = max(self._blocked[k] for k in blocked)
-        if entry.last_tier is None and a.tier == entry.tiers[0]:
-            kinds = {c.key: c.kind for c in a.charges}
-            entry.last_reason = denial_reason(a.charges, blocked)
-            entry.last_blocked = tuple(kinds[k] for k in blocked)
-            entry.last_charges = a.charges
-            entry.last_states = {k: self._blocked_states[k] for k in blocked if k in self._blocked_states}
+        _apply_skip(a.entry, a.tier, a.charges, blocked, self._blocked, self._blocked_states)
 
     def report(self, attempt: Attempt, outcome: TakeOutcome) -> None:
         entry = attempt.entry
+        self._check_stop = True
         if outcome.allowed:
             self.admitted = True
             self._pending.clear()
@@ -831,6 +924,7 @@ class PumpPass:
             else min(self.min_retry_s, outcome.retry_after_s)
         )
 
+
 class AdmissionCore:
     """Queue, fairness and decision-making; bucket state lives in a store the caller drives.
 
@@ -851,6 +945,10 @@ class AdmissionCore:
         self._undo = None
         self.full_passes = 0
         self.arrival_passes = 0
+        self.pass_id = 0
+        # The last full pass that stopped early: (its id, blocked meters, their states). Queued entries it
+        # did not reach (``seen_pass`` older) get its skip notes when they are next needed (materialize).
+        self._lazy: tuple[int, dict[str, float], dict[str, BucketState]] | None = None
 
     @property
     def vtc(self) -> VirtualTokenCounters:
@@ -889,6 +987,7 @@ class AdmissionCore:
         When refused, the caller may still try ``entry`` alone (``pump(..., only=entry)``) and must
         otherwise reject it with ``finish_rejected(entry, Reason.QUEUE_FULL, now)``.
         """
+        entry.seen_pass = self.pass_id
         accepted, evicted = self.queue.push(entry)
         if evicted is not None:
             self.finish_rejected(evicted, Reason.QUEUE_FULL, now)
@@ -904,7 +1003,20 @@ class AdmissionCore:
         if only is None:
             self._valid = False  # until this pass completes
             self.full_passes += 1
+            self.pass_id += 1
         return PumpPass(self, now, capacity_of, only)
+
+    def materialize(self, entry: QueueEntry) -> None:
+        """Give ``entry`` the skip notes of the last full pass if that pass stopped before reaching it."""
+        lazy = self._lazy
+        if lazy is None or entry.seen_pass < 0 or entry.seen_pass >= lazy[0] or entry.plans is None:
+            return
+        entry.seen_pass = lazy[0]
+        _pid, waits, states = lazy
+        for tier, charges in entry.plans[1]:
+            blocked = [c.key for c in charges if c.enforce and c.key in waits]
+            if blocked:
+                _apply_skip(entry, tier, charges, blocked, waits, states)
 
     def invalidate(self) -> None:
         """Something other than time changed the meters or the order (refund, capacity, fair shares): the
@@ -940,6 +1052,7 @@ class AdmissionCore:
             self.arrival_passes += 1
             rank = self.queue._rank(entry)
             seed = {k: (w, st) for k, (b, w, st) in self._blockers.items() if self.queue._rank(b) < rank}
+            entry.seen_pass = self.pass_id
             p = PumpPass(self, now, capacity_of, entry, blocked=seed, full=False)
             p.arrival = True
         p.finished[:0] = expired
@@ -976,6 +1089,7 @@ class AdmissionCore:
         Served before it: its tenant's entries ranked ahead, every entry of a higher class, and from each
         other tenant of its class about as much as its own tenant gets meanwhile (what VTC converges to).
         """
+        self.materialize(entry)
         own = entry.retry_after_s if entry.last_tier is not None else entry.blocked_wait_s
         if entry.plans is None or not entry.plans[1]:
             return own
@@ -1088,6 +1202,7 @@ class AdmissionCore:
         )
 
     def finish_rejected(self, entry: QueueEntry, reason: Reason, now: float) -> None:
+        self.materialize(entry)
         self.queue.remove(entry)
         retry = min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, entry.retry_after_s))
         if reason == Reason.QUEUE_FULL:
@@ -1144,9 +1259,7 @@ class LocalAdmission:
         self._queued: dict[str, QueueEntry] = {}
         self._next_wake: float | None = None  # nothing can change before then unless something is submitted
 
-    def _run(
-        self, now: float, only: QueueEntry | None = None, arrival: QueueEntry | None = None
-    ) -> PumpPass:
+    def _run(self, now: float, only: QueueEntry | None = None, arrival: QueueEntry | None = None) -> PumpPass:
         if arrival is not None:
             p = self.core.pump_arrival(arrival, now, self.capacity_of)
         else:

@@ -153,17 +153,25 @@ class RedisStore:
         server_time: bool = True,
         retry_interval_s: float = 1.0,
         client: aioredis.Redis | None = None,
+        max_connections: int = 64,
     ) -> None:
         self.url = url
         self.server_time = server_time
         self.retry_interval_s = retry_interval_s
-        self._redis: aioredis.Redis = client or aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 1),
-            decode_responses=True,
-        )
+        if client is None:
+            # A blocking pool: a burst of concurrent admissions waits (up to timeout_s) for a connection
+            # instead of failing with "Too many connections" and marking the store unavailable.
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=max_connections,
+                timeout=timeout_s,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                retry=Retry(NoBackoff(), 1),
+                decode_responses=True,
+            )
+            client = aioredis.Redis.from_pool(pool)
+        self._redis: aioredis.Redis = client
         self._take = self._redis.register_script(TAKE_LUA)
         self._adjust = self._redis.register_script(ADJUST_LUA)
         self._peek = self._redis.register_script(PEEK_LUA)

@@ -79,6 +79,8 @@ class FleetgatePolicy:
         key_ttl_s: float = 600.0,
         spill_factor: float = 1.5,
         spill_slack_s: float = 0.5,
+        spill_factor_new: float = 1.05,
+        spill_slack_new_s: float = 0.0,
         cache_tokens_per_replica: int = 400_000,
         sticky_cache: bool = True,
         guard_exempt_ratio: float = 0.3,
@@ -87,6 +89,10 @@ class FleetgatePolicy:
         chunk_tokens: int = 8192,
         interference_seq_tokens: float | None = None,
         interference_kv_tokens: float | None = None,
+        max_running: int | None = None,
+        slot_fraction: float = 0.75,
+        scan_limit: int = 0,
+        slot_wait_s: float | None = None,
         profile: str | None = None,
         prefill_mu_per_token: float | None = None,
         cache_discount: float | None = None,
@@ -108,24 +114,39 @@ class FleetgatePolicy:
         if chunk_tokens < 1:
             raise ValueError("chunk_tokens must be >= 1")
         self.chunk_tokens = chunk_tokens
-        # Decode interference: every engine iteration (one prefill chunk of ``chunk_tokens``) also runs the
-        # in-flight requests' decode steps. Expressed in prefill-token equivalents per in-flight request and
-        # per in-flight KV token; defaults from the profile's step-time coefficients when it has them, else
-        # those of the Splitwise llama2-70b fit (2.5 and 1.4e-3).
-        pst = float(perf.get("prefill_s_per_token") or 0.0)
-        seq_d = float(perf["decode_step_per_seq_s"]) / pst if pst and "decode_step_per_seq_s" in perf else 2.5
-        kv_d = (
-            float(perf["decode_step_per_kilotoken_s"]) / 1000.0 / pst
-            if pst and "decode_step_per_kilotoken_s" in perf
-            else 1.4e-3
-        )
-        self.int_seq = seq_d if interference_seq_tokens is None else float(interference_seq_tokens)
-        self.int_kv = kv_d if interference_kv_tokens is None else float(interference_kv_tokens)
+        # Decode interference (off by default: neutral on TTFT in the simulator, worse load balance; see
+        # docs/routing.md): every engine iteration (one prefill chunk of ``chunk_tokens``) also runs the
+        # in-flight requests' decode steps, in prefill-token equivalents per in-flight request and per
+        # in-flight KV token (the Splitwise llama2-70b fit gives about 2.5 and 1.4e-3).
+        self.int_seq = 0.0 if interference_seq_tokens is None else float(interference_seq_tokens)
+        self.int_kv = 0.0 if interference_kv_tokens is None else float(interference_kv_tokens)
         if self.int_seq < 0 or self.int_kv < 0:
             raise ValueError("interference_seq_tokens and interference_kv_tokens must be >= 0")
+        # Sequence slots: an engine runs at most ``max_running`` requests at once (vLLM ``max_num_seqs``);
+        # beyond that a new request waits for running ones to finish. From ``slot_fraction`` of the slots
+        # on, each in-flight request adds ``slot_wait_s`` (default: twice the mean time between two
+        # finishes on a full replica, default_output decode steps / max_running), so the estimate turns
+        # into count balancing before the engine queues. Defaults from the profile (``max_batch`` and its
+        # decode step time); 0 disables the term.
+        # Without a perf block: the Splitwise llama2-70b numbers (64 slots, 0.045 s decode step).
+        mr = int(perf.get("max_batch") or 64) if max_running is None else int(max_running)
+        if slot_wait_s is None:
+            step = float(perf.get("decode_step_base_s", 0.029)) + float(
+                perf.get("decode_step_per_seq_s", 2.4e-4)
+            ) * max(mr, 1)
+            slot_wait_s = 2.0 * step * self.default_output / mr if mr > 0 else 0.0
+        if mr < 0 or slot_wait_s < 0 or not 0 < slot_fraction <= 1:
+            raise ValueError("need max_running >= 0, slot_wait_s >= 0 and 0 < slot_fraction <= 1")
+        self.max_running = mr
+        if scan_limit < 0:
+            raise ValueError("scan_limit must be >= 0 (0: always score every replica)")
+        self.scan_limit = scan_limit
+        self.slot_from = max(1, math.ceil(slot_fraction * mr)) if mr else 0
+        self.slot_wait_s = float(slot_wait_s)
         # Per replica: [in-flight requests, in-flight KV tokens] dispatched by this policy (never lags).
         self._kv: dict[str, list[float]] = {}
         self._kv_of: dict[str, tuple[str, float]] = {}
+        self._busy: dict[str, float] = {}  # replica -> expected wait for a sequence slot (s)
         if load_signal not in ("ewma", "window"):
             raise ValueError("load_signal must be 'ewma' or 'window'")
         self.load_signal = load_signal
@@ -137,6 +158,10 @@ class FleetgatePolicy:
         self.key_ttl_s = key_ttl_s
         self.spill_factor = spill_factor
         self.spill_slack_s = spill_slack_s
+        if spill_factor_new < 1.0 or spill_slack_new_s < 0:
+            raise ValueError("need spill_factor_new >= 1 and spill_slack_new_s >= 0")
+        self.spill_factor_new = spill_factor_new
+        self.spill_slack_new_s = spill_slack_new_s
         self.cache_tokens_per_replica = cache_tokens_per_replica
         self.sticky_cache = sticky_cache
         self.guard_exempt_ratio = guard_exempt_ratio
@@ -236,7 +261,10 @@ class FleetgatePolicy:
             rank_of = {name: i for i, name in enumerate(pend)}
 
         hashes = request.prefix_hashes
-        depths = self.index.match_depths(hashes) if hashes and self.index is not None else None
+        if hashes and self.index is not None:
+            depths, deepest = self.index.match(hashes)
+        else:
+            depths, deepest = None, frozenset()
         inp = request.input_tokens
         full = self.prefill_mu(request)
         save_per_token = full * (1.0 - self.cache_discount) / inp if inp > 0 else 0.0
@@ -272,9 +300,28 @@ class FleetgatePolicy:
 
         sticky = self.sticky_cache
         skipped = 0
+        lim = self.scan_limit
+        if lim and n > lim:
+            # Large fleets: score a window of ``scan_limit`` replicas at a seeded random offset plus every
+            # replica that matters for this request (its subset and the deepest cache holders);
+            # the guard's mean still covers the whole fleet (it comes from the running total).
+            start = int(rng.random() * n)
+            scan = cands[start : start + lim]
+            if start + lim > n:
+                scan += cands[: start + lim - n]
+            want = set(subset)
+            if len(deepest) <= lim:
+                want.update(deepest)  # the cache leaders (a root held everywhere: the window samples it)
+            if want:
+                seen = {r.name for r in scan}
+                want.difference_update(seen)
+                if want:
+                    scan += [r for r in cands if r.name in want]
+            cands = scan
         kvd = self._kv
         int_seq, int_kv = self.int_seq, self.int_kv
         interf = int_seq > 0 or int_kv > 0
+        busy = self._busy  # replicas with at least ``slot_from`` requests in flight (usually none)
         chunk = float(self.chunk_tokens)
         spt = full / inp if inp > 0 else 0.0  # MU per prompt token
         while True:  # a second pass without the guard only if the guard left nothing (a huge request)
@@ -318,9 +365,15 @@ class FleetgatePolicy:
                     if kv is not None and kv[0] > 0:
                         # Each chunk (ahead of and of this request) also runs the in-flight decodes.
                         unc = inp - (d * bt if d * bt < inp else inp)
-                        t += (int_seq * kv[0] + int_kv * kv[1]) / chunk * (
-                            wait + (unc if unc > chunk else chunk) * spt / cap
+                        t += (
+                            (int_seq * kv[0] + int_kv * kv[1])
+                            / chunk
+                            * (wait + (unc if unc > chunk else chunk) * spt / cap)
                         )
+                if busy:
+                    pen = busy.get(name)
+                    if pen is not None:
+                        t += pen  # waiting for a sequence slot
                 if (
                     v > rel_lim
                     and v + own - mean > slack * cap
@@ -347,7 +400,12 @@ class FleetgatePolicy:
         self.skips += skipped
         if deep_i >= 0 and deep_d >= self.sticky_min_blocks:
             sub_i, sub_t = deep_i, deep_t  # the replica expected to hold the most of the prompt leads
-        if sub_i >= 0 and sub_t <= self.spill_factor * best_t + self.spill_slack_s:
+            factor, slack_s = self.spill_factor, self.spill_slack_s
+        else:
+            # Nothing of the prompt is cached anywhere: the subset only keeps keys apart, the cache
+            # leader will find the next turn wherever this one goes, so the fastest replica may take it.
+            factor, slack_s = self.spill_factor_new, self.spill_slack_new_s
+        if sub_i >= 0 and sub_t <= factor * best_t + slack_s:
             chosen, t, reason = sub_i, sub_t, "fleetgate:affinity"
         else:
             chosen, t, reason = best_i, best_t, "fleetgate:spill"
@@ -389,15 +447,18 @@ class FleetgatePolicy:
                 self._charged.clear()
                 self._kv_of.clear()
                 self._kv.clear()
+                self._busy.clear()
             self._charged[request.request_id] = cost
             out = request.estimated_output_tokens or request.max_output_tokens or self.default_output
             tokens = request.input_tokens + 0.5 * min(out, 4 * self.default_output)
+            self._release(request.request_id)  # a retry without an outcome for the first attempt
             kv = self._kv.get(replica)
             if kv is None:
                 kv = self._kv[replica] = [0.0, 0.0]
             kv[0] += 1.0
             kv[1] += tokens
             self._kv_of[request.request_id] = (replica, tokens)
+            self._update_busy(replica, kv[0])
         aff = self.affinity
         key = self._key(request)
         state = aff.keys.get(key)
@@ -429,17 +490,35 @@ class FleetgatePolicy:
         if self.outliers is not None:
             self.outliers.record(replica, ok, now)
         charged = self._charged.pop(request.request_id, None)
-        held = self._kv_of.pop(request.request_id, None)
-        if held is not None:
-            kv = self._kv.get(held[0])
-            if kv is not None:
-                kv[0] = max(kv[0] - 1.0, 0.0)
-                kv[1] = max(kv[1] - held[1], 0.0)
+        self._release(request.request_id)
         if charged is not None and ok and cost_mu > 0:
             # Settle: the load signal follows what the request really cost, not its estimate.
             self.loads.add(replica, cost_mu - charged, now)
             if self.load_signal == "window":
                 self.replica_load.add(replica, cost_mu - charged, now)
+
+    def _release(self, request_id: str) -> None:
+        """Take a request out of its replica's in-flight count (completed, failed or re-dispatched)."""
+        held = self._kv_of.pop(request_id, None)
+        if held is not None:
+            kv = self._kv.get(held[0])
+            if kv is not None:
+                kv[0] = max(kv[0] - 1.0, 0.0)
+                kv[1] = max(kv[1] - held[1], 0.0)
+                self._update_busy(held[0], kv[0])
+
+    def _update_busy(self, replica: str, inflight: float) -> None:
+        """Keep ``_busy`` (the slot-wait penalty of replicas near their sequence-slot limit) current."""
+        start = self.slot_from
+        if start and self.slot_wait_s > 0 and inflight >= start:
+            self._busy[replica] = (inflight + 1 - start) * self.slot_wait_s
+        else:
+            self._busy.pop(replica, None)
+
+    def inflight(self, replica: str) -> int:
+        """Requests this policy dispatched to ``replica`` that have not completed yet."""
+        kv = self._kv.get(replica)
+        return 0 if kv is None else int(kv[0])
 
     # -- maintenance ---------------------------------------------------------------------------------
 
@@ -534,6 +613,8 @@ _PARAMS: dict[str, Any] = {
     "key_ttl_s": float,
     "spill_factor": float,
     "spill_slack_s": float,
+    "spill_factor_new": float,
+    "spill_slack_new_s": float,
     "cache_tokens_per_replica": int,
     "sticky_cache": lambda v: v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on"),
     "guard_exempt_ratio": float,
@@ -542,6 +623,10 @@ _PARAMS: dict[str, Any] = {
     "chunk_tokens": int,
     "interference_seq_tokens": float,
     "interference_kv_tokens": float,
+    "max_running": int,
+    "slot_fraction": float,
+    "scan_limit": int,
+    "slot_wait_s": float,
     "profile": str,
     "prefill_mu_per_token": float,
     "cache_discount": float,

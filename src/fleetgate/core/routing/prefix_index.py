@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Container, Sequence
+from collections.abc import Set as AbstractSet
 
 
 class PrefixIndex:
@@ -63,6 +64,47 @@ class PrefixIndex:
 
     def match_depths(self, hashes: Sequence[int], among: Container[str] | None = None) -> dict[str, int]:
         """Leading blocks of ``hashes`` held by each replica (only replicas with depth >= 1 appear)."""
+        return self.match(hashes, among)[0]
+
+    def match(
+        self, hashes: Sequence[int], among: Container[str] | None = None
+    ) -> tuple[dict[str, int], AbstractSet[str]]:
+        """``match_depths`` plus the replicas holding the deepest match (read-only: may be internal).
+
+        Each replica's depth is written once, when it drops out of the matching set (or at the end), so a
+        prefix held by every replica costs one set intersection per block, not one dict fill per block.
+        """
+        depths: dict[str, int] = {}
+        holders = self._holders
+        alive: AbstractSet[str] | None = None
+        last = 0
+        for k, h in enumerate(hashes, 1):
+            s = holders.get(h)
+            if not s:
+                break
+            if alive is None:
+                nxt: AbstractSet[str] = s if among is None else {r for r in s if r in among}
+            else:
+                nxt = alive & s
+                if len(nxt) < len(alive):
+                    for r in alive - nxt:
+                        depths[r] = last
+            if not nxt:
+                break
+            alive, last = nxt, k
+        if not alive:
+            return depths, frozenset()
+        if len(alive) > 8:
+            depths.update(dict.fromkeys(alive, last))
+        else:
+            for r in alive:
+                depths[r] = last
+        return depths, alive
+
+    def _match_depths_reference(
+        self, hashes: Sequence[int], among: Container[str] | None = None
+    ) -> dict[str, int]:
+        """The straightforward per-level version of ``match_depths`` (kept for the tests)."""
         depths: dict[str, int] = {}
         holders = self._holders
         alive: set[str] | None = None
