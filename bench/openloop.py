@@ -53,7 +53,9 @@ async def run(url: str, rate: float, seconds: float) -> dict[str, float]:
     latencies.sort()
 
     def pct(p: float) -> float:
-        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else float("nan")
+        return (
+            latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else float("nan")
+        )
 
     return {"sent": n, "ok": len(latencies), "errors": len(errors), "p50_ms": pct(0.5), "p99_ms": pct(0.99)}
 

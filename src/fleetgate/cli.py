@@ -14,8 +14,8 @@ import typer
 
 from fleetgate.bench.cli import app as bench_app
 from fleetgate.health.cli import app as health_app
-from fleetgate.simengine.cli import app as engine_app
 from fleetgate.sim.cli import app as simulate_app
+from fleetgate.simengine.cli import app as engine_app
 
 app = typer.Typer(
     name="fleetgate",

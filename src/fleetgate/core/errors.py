@@ -77,7 +77,9 @@ class RateLimitError(FleetgateError):
     error_type = "rate_limit_error"
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, *, retry_after_s: float, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str, *, retry_after_s: float, headers: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(message, headers=headers)
         self.retry_after_s = retry_after_s
 
@@ -97,7 +99,7 @@ class ServiceUnavailableError(FleetgateError):
 
 
 class UpstreamError(FleetgateError):
-    """The engine failed. ``retryable`` is true when no byte reached the client and another replica may try."""
+    """The engine failed; ``retryable`` when no byte reached the client and another replica may try."""
 
     status = 502
     error_type = "server_error"

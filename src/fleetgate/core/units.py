@@ -177,8 +177,8 @@ class CostProfile:
     def settle(self, usage: Usage) -> float:
         """The real MU cost once the engine reports its token counts.
 
-        Engines (vLLM, the simulated engine) count image tokens inside ``prompt_tokens``; they are charged once,
-        at the image rate, so they come out of the text input here.
+        Engines (vLLM, the simulated engine) count image tokens inside ``prompt_tokens``; they are charged
+        once, at the image rate, so they come out of the text input here.
         """
         return self.cost(
             max(usage.prompt_tokens - usage.image_tokens, 0),
