@@ -24,7 +24,8 @@ sed "s#__DIR__#$WORK#g; s#__PORT__#$NGINX_PORT#g" bench/nginx/canned-sse.conf.te
 taskset -c 0 nginx -c "$WORK/nginx.conf" -p "$WORK" & pids+=($!)
 
 cat > "$WORK/fleetgate.yaml" <<YAML
-gateway: {host: 127.0.0.1, port: $FG_PORT}
+gateway: {host: 127.0.0.1, port: $FG_PORT, health_checks: false}
+ops: {access_log: false}
 deployments:
   - model: bench
     routing: {policy: round_robin}

@@ -61,6 +61,12 @@ class DeploymentConfig(_Strict):
         description="Bearer key the gateway sends to the engines (e.g. vLLM --api-key); clients' keys are "
         "never forwarded.",
     )
+    engine_priority: bool = Field(
+        default=False,
+        description="Forward the tenant's priority class to the engine's `priority` request field (lower "
+        "is served first). The engines must support it: vLLM needs `--scheduling-policy priority`, the "
+        "simulated engine honours it; engines that reject unknown fields must leave this off.",
+    )
 
     @model_validator(mode="after")
     def _unique_replicas(self) -> DeploymentConfig:
@@ -85,7 +91,21 @@ class GatewayConfig(_Strict):
     )
     max_attempts: int = Field(default=3, ge=1, le=10, description="Tries per request before the first byte.")
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="Time to finish in-flight on SIGTERM.")
-    client_header_timeout_s: float = Field(default=10.0, gt=0, description="Slow-client header timeout.")
+    client_header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Slow-client header timeout: once a request's first bytes arrived, its whole request "
+        "head (line and headers) must arrive within this time or the connection is closed.",
+    )
+    client_keepalive_timeout_s: float = Field(
+        default=75.0, gt=0, description="An idle keep-alive client connection is closed after this time."
+    )
+    shutdown_linger_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="After SIGTERM, requests arriving on already-open keep-alive connections are still "
+        "served (with `Connection: close`) for this long, so no request the gateway read is reset.",
+    )
     stream_usage: bool = Field(
         default=True,
         description="Ask engines for usage on streams whose client did not (exact cost settlement); "
@@ -93,11 +113,11 @@ class GatewayConfig(_Strict):
     )
     scrape_interval_s: float = Field(default=1.0, gt=0, description="Engine /metrics scrape period.")
     scrape_timeout_s: float = Field(default=1.0, gt=0, description="Timeout of one /metrics scrape.")
-    health_checks: bool | None = Field(
-        default=None,
-        description="Black-box probes and hang detection of the replicas (fleetgate.health). Default: on "
-        "under `fleetgate up` (crashed or hung replicas are restarted), off under `fleetgate serve` "
-        "(probes need engines that serve /v1/completions; there it only takes replicas out of routing).",
+    health_checks: bool = Field(
+        default=True,
+        description="Black-box probes and hang detection of the replicas (fleetgate.health): hung or "
+        "crashed replicas leave routing at once (and are restarted under `fleetgate up`). Probes are "
+        "minimal /v1/completions requests; turn off for engines that do not serve that endpoint.",
     )
 
 

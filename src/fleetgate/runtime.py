@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fleetgate")
 
+#: cost profile of ``fleetgate up``'s simulated replicas (src/fleetgate/profiles/fleetgate-sim.json)
+SIM_COST_PROFILE = "fleetgate-sim"
+
 
 def build_admission(cfg: FleetgateConfig, registry: CollectorRegistry | None = None) -> Admission:
     """Tenant admission (``fleetgate.admission``) when tenants or admin keys are configured, else open."""
@@ -135,17 +138,16 @@ def attach_health(server: GatewayServer, remediators: Mapping[str, Any] | None =
     from fleetgate.health.monitor import HealthMonitor
 
     monitors: dict[str, HealthMonitor] = {}
-    registry: CollectorRegistry | None = server.proxy.metrics.registry
+    families = _HealthFamilies(server.proxy.metrics.registry)  # one set of series, labelled by deployment
     for model, deployment in server.fleet.deployments.items():
         remediator = (remediators or {}).get(model)
         monitor = HealthMonitor(
             model=deployment.upstream_model,
             policy=HealthPolicy(remediate=remediator is not None),
-            registry=registry,
             remediator=remediator,
             initial_state=HealthState.HEALTHY,
+            metrics=families.for_deployment(model),
         )
-        registry = None  # health series carry no deployment label: export the first deployment's only
         monitor.set_replicas({name: r.url for name, r in deployment.replicas.items()})
 
         def apply(transition: Any, deployment: Deployment = deployment) -> None:
@@ -172,6 +174,68 @@ def attach_health(server: GatewayServer, remediators: Mapping[str, Any] | None =
         server.scraper.on_scrape = on_scrape
     server.extras["health"] = monitors
     return monitors
+
+
+class _DeploymentLabelled:
+    """A metric family seen with its ``deployment`` label already set (``labels``/``remove`` as usual)."""
+
+    def __init__(self, family: Any, deployment: str) -> None:
+        self._family = family
+        self._deployment = deployment
+
+    def labels(self, *values: str, **labels: str) -> Any:
+        if values:
+            return self._family.labels(self._deployment, *values)
+        return self._family.labels(deployment=self._deployment, **labels)
+
+    def remove(self, *values: str) -> None:
+        self._family.remove(self._deployment, *values)
+
+
+class _HealthFamilies:
+    """The health series (``fleetgate.health.monitor.HealthMetrics``) with a leading ``deployment`` label,
+    shared by the monitors of all deployments (replica names may repeat across deployments)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        from fleetgate.health.monitor import _PROBE_BUCKETS
+
+        self.probe_latency = Histogram(
+            "fleetgate_health_probe_latency_seconds",
+            "Latency of health probes (a 1-token request), by outcome.",
+            ["deployment", "replica", "outcome"],
+            buckets=_PROBE_BUCKETS,
+            registry=registry,
+        )
+        self.transitions = Counter(
+            "fleetgate_health_transitions_total",
+            "Replica health state transitions, by reason kind.",
+            ["deployment", "replica", "from_state", "to_state", "reason"],
+            registry=registry,
+        )
+        self.remediations = Counter(
+            "fleetgate_health_remediations_total",
+            "Remediations (restarts / pod deletions) started, by reason kind and result.",
+            ["deployment", "replica", "action", "reason", "result"],
+            registry=registry,
+        )
+        self.state = Gauge(
+            "fleetgate_health_state",
+            "1 for the replica's current health state, 0 for the others.",
+            ["deployment", "replica", "state"],
+            registry=registry,
+        )
+
+    def for_deployment(self, deployment: str) -> Any:
+        from fleetgate.health.monitor import HealthMetrics
+
+        view = HealthMetrics.__new__(HealthMetrics)  # its methods, these series
+        view.probe_latency = _DeploymentLabelled(self.probe_latency, deployment)  # type: ignore[assignment]
+        view.transitions = _DeploymentLabelled(self.transitions, deployment)  # type: ignore[assignment]
+        view.remediations = _DeploymentLabelled(self.remediations, deployment)  # type: ignore[assignment]
+        view.state = _DeploymentLabelled(self.state, deployment)  # type: ignore[assignment]
+        return view
 
 
 def attach_autoscaler(
@@ -297,11 +361,14 @@ def run_serve(cfg: FleetgateConfig) -> None:
 def _up_config(cfg: FleetgateConfig, model: str, infos: Sequence[ReplicaInfo]) -> FleetgateConfig:
     """The config with ``model``'s deployment served by the local replicas (its other settings kept)."""
     replicas = [ReplicaConfig(name=i.name, url=i.url) for i in infos]
+    update: dict[str, Any] = {"replicas": replicas}
     existing = cfg.deployment(model)
+    if cfg.local.command is None and (existing is None or existing.cost_profile is None):
+        update["cost_profile"] = SIM_COST_PROFILE  # fitted to the simulated engine's default perf model
     if existing is not None:
-        deployment = existing.model_copy(update={"replicas": replicas})
+        deployment = existing.model_copy(update=update)
     else:
-        deployment = DeploymentConfig(model=model, replicas=replicas)
+        deployment = DeploymentConfig(model=model, **update)
     others = [d for d in cfg.deployments if d.model != model]
     return cfg.model_copy(update={"deployments": [*others, deployment]})
 
@@ -337,7 +404,7 @@ async def up(cfg: FleetgateConfig, *, replicas: int, port: int, model: str) -> N
         full = _up_config(cfg, model, infos)
         server = build_gateway(full)
         holder.update(server=server, deployment=server.fleet.get(model), provider=provider)
-        if full.gateway.health_checks is not False:
+        if full.gateway.health_checks:
             attach_health(server, {model: provider})  # local replicas: hung or crashed ones are restarted
         if local.autoscaler is not None:
             from fleetgate.core.autoscale import build_autoscaler

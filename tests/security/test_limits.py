@@ -96,10 +96,6 @@ def test_slowloris_does_not_exhaust_gateway(gateway: Any) -> None:
     assert ok_request(url).status_code == 200
 
 
-@pytest.mark.xfail(
-    reason="gateway.client_header_timeout_s is not applied by the gateway yet (reported to the lead)",
-    strict=False,
-)
 def test_stalled_header_connection_is_closed(engine: Any, start_gateway: Any) -> None:
     """A client that stops in the middle of its headers is disconnected after client_header_timeout_s."""
     from sec_env import tenants_config

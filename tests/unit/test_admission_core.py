@@ -336,3 +336,60 @@ def test_deadline_status_follows_what_the_request_waited_for() -> None:
     assert [(r.request_id, d.reason, d.cause, d.status) for r, d in out] == [
         ("f1", Reason.DEADLINE, Reason.SATURATED, 503)
     ]
+
+
+# ------------------------------------------------------------------------------ arrival passes (O(log n))
+def _scenario(la: LocalAdmission, seed: int) -> list[tuple[str, bool, str, float | None]]:
+    """Random arrivals of several tenants and classes, polls and settles; returns every decision."""
+    rng = random.Random(seed)
+    tenants = [
+        TenantLimits("gold", reserved_mu_per_min={"m": 30.0}, best_effort_mu_per_min=20.0),
+        TenantLimits("silver", priority=Priority.BATCH, reserved_mu_per_min={"m": 20.0}, weight=2.0),
+        TenantLimits("free", priority=Priority.BEST_EFFORT, best_effort_mu_per_min=math.inf),
+        TenantLimits("cheap", priority=Priority.BEST_EFFORT, best_effort_mu_per_min=40.0),
+    ]
+    out: list[tuple[str, bool, str, float | None]] = []
+    admitted: list[tuple[TenantLimits, RequestInfo, object]] = []
+    t = 0.0
+    for i in range(400):
+        t += rng.expovariate(20.0)
+        for r, d in la.poll(t):
+            out.append((r.request_id, d.allowed, str(d.reason), d.admitted_s))
+        tenant = rng.choice(tenants)
+        r = req(f"r{i}", tenant.name, cost=rng.choice([0.5, 1.0, 2.0, 3.0]))
+        d = la.submit(tenant, r, t, deadline_s=rng.choice([0.0, 2.0, 5.0, 10.0]))
+        if d is not None:
+            out.append((r.request_id, d.allowed, str(d.reason), d.admitted_s))
+            if d.allowed:
+                admitted.append((tenant, r, d))
+        if admitted and rng.random() < 0.2:
+            tn, rq, dec = admitted.pop(rng.randrange(len(admitted)))
+            la.settle(tn, rq, dec, rq.cost_mu * rng.choice([0.5, 1.0, 1.5]), t)  # type: ignore[arg-type]
+    for k in range(200):
+        for r, d in la.poll(t + 0.1 * k):
+            out.append((r.request_id, d.allowed, str(d.reason), d.admitted_s))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_arrival_passes_decide_exactly_as_full_passes(seed: int) -> None:
+    cap = CapacityView(capacity_mu_per_min=80.0, sold_mu_per_min=50.0)
+    fast = LocalAdmission(AdmissionSettings(queue_max=60), capacity_of=lambda _m: cap)
+    slow = LocalAdmission(AdmissionSettings(queue_max=60), capacity_of=lambda _m: cap)
+    core = slow.core
+
+    def always_full(entry: object, now: float, capacity_of: object) -> object:
+        return core.pump(now, capacity_of)  # type: ignore[arg-type]
+
+    core.pump_arrival = always_full  # type: ignore[assignment,method-assign]
+    assert _scenario(fast, seed) == _scenario(slow, seed)
+    assert fast.core.arrival_passes > 0
+
+
+def test_arrivals_behind_a_blocked_queue_do_not_rescan_it() -> None:
+    la = LocalAdmission(AdmissionSettings(queue_max=10_000, default_deadline_s=1e6))
+    free = TenantLimits("free", priority=Priority.BEST_EFFORT, best_effort_mu_per_min=60.0)
+    for i in range(2000):
+        la.submit(free, req(f"r{i}", "free"), 0.0)
+    assert la.queued == 1999
+    assert la.core.full_passes <= 3 and la.core.arrival_passes >= 1990

@@ -894,7 +894,7 @@ class PumpPass:
             if st is not None:
                 self._blocked_states.setdefault(k, st)
             if k not in self.blockers:
-                self.blockers[k] = (entry, outcome.retry_after_s, st)
+                self.blockers[k] = (entry, self.now + outcome.retry_after_s, st)  # blocked until
             # When this meter alone frees up for this charge (the entry may stay blocked on another).
             c = by_key.get(k)
             free_in = outcome.retry_after_s
@@ -1051,7 +1051,11 @@ class AdmissionCore:
         else:
             self.arrival_passes += 1
             rank = self.queue._rank(entry)
-            seed = {k: (w, st) for k, (b, w, st) in self._blockers.items() if self.queue._rank(b) < rank}
+            seed = {  # the blocker's wait as a pass would find it now (it drains as time passes)
+                k: (max(MIN_RETRY_AFTER_S, until - now), st)
+                for k, (b, until, st) in self._blockers.items()
+                if self.queue._rank(b) < rank
+            }
             entry.seen_pass = self.pass_id
             p = PumpPass(self, now, capacity_of, entry, blocked=seed, full=False)
             p.arrival = True

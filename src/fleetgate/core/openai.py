@@ -15,7 +15,7 @@ import orjson
 
 from fleetgate.core.errors import InvalidRequestError
 from fleetgate.core.sse import DONE_DATA, SSEParser
-from fleetgate.core.tokenize import block_hashes, count_and_hash, render_chat_prompt
+from fleetgate.core.tokenize import block_hashes, count_and_hash, count_and_hash_chat, count_tokens
 from fleetgate.core.types import Priority, RequestInfo, Usage
 
 Endpoint = Literal["chat", "completions"]
@@ -84,11 +84,14 @@ def load_json_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_request(body: Mapping[str, Any], endpoint: Endpoint, block_tokens: int = 16) -> ParsedRequest:
+def parse_request(
+    body: Mapping[str, Any], endpoint: Endpoint, block_tokens: int = 16, *, hashes: bool = True
+) -> ParsedRequest:
     """Validate the fields the gateway relies on and extract them; raise ``InvalidRequestError`` otherwise.
 
     Token count and prefix block hashes (``block_tokens`` per block) come from one pass of the shared
-    tokenizer approximation, so they agree with what the simulated engine caches.
+    tokenizer approximation, so they agree with what the simulated engine caches. ``hashes=False`` skips the
+    hashes (``prefix_hashes`` stays empty) for deployments whose routing policy does not read them.
     """
     model = body.get("model")
     if model is None:
@@ -129,15 +132,14 @@ def parse_request(body: Mapping[str, Any], endpoint: Endpoint, block_tokens: int
         messages = body.get("messages")
         _check_messages(messages)
         assert isinstance(messages, list)
-        text = render_chat_prompt(messages)
+        text, input_tokens, prefix = count_and_hash_chat(messages, block_tokens, hashes=hashes)
         image_parts = _count_image_parts(messages)
-        input_tokens, hashes = count_and_hash(text, block_tokens)
     else:
         text, ids = _prompt_text(body.get("prompt"))
         if ids is None:
-            input_tokens, hashes = count_and_hash(text, block_tokens)
+            input_tokens, prefix = _count(text, block_tokens, hashes)
         else:
-            input_tokens, hashes = ids, block_hashes(text, block_tokens)
+            input_tokens, prefix = ids, (block_hashes(text, block_tokens) if hashes else ())
     return ParsedRequest(
         endpoint=endpoint,
         body=dict(body),
@@ -148,9 +150,13 @@ def parse_request(body: Mapping[str, Any], endpoint: Endpoint, block_tokens: int
         prompt_text=text,
         input_tokens=input_tokens,
         image_parts=image_parts,
-        prefix_hashes=hashes,
+        prefix_hashes=prefix,
         block_tokens=block_tokens,
     )
+
+
+def _count(text: str, block_tokens: int, hashes: bool) -> tuple[int, tuple[int, ...]]:
+    return count_and_hash(text, block_tokens) if hashes else (count_tokens(text), ())
 
 
 def _positive_int_or_none(body: Mapping[str, Any], name: str) -> int | None:

@@ -35,6 +35,7 @@ __all__ = [
     "TOKEN_PATTERN",
     "block_hashes",
     "count_and_hash",
+    "count_and_hash_chat",
     "count_tokens",
     "render_chat_prompt",
     "token_pieces",
@@ -43,7 +44,22 @@ __all__ = [
 TOKEN_PATTERN = re.compile(r" ?[^\W\d_]{1,6}| ?\d{1,3}| ?[^\w\s]|_|\n+|[^\S\n]+")
 """One match per approximate token; together the matches cover every character of the text."""
 
+_WS = r" \t\r\x0b\x0c\x1c-\x1f"  # what ``\s`` matches in ASCII text, minus "\n"
+_ASCII_PATTERN = re.compile(
+    (r" ?[A-Za-z]{1,6}| ?[0-9]{1,3}| ?[^A-Za-z0-9_\n" + _WS + r"]|_|\n+|[" + _WS + r"]+").encode()
+)
+# ``TOKEN_PATTERN`` for ASCII text, over bytes (the common case): the same pieces, about 30% faster, and
+# already encoded for hashing. Unicode classes spelled out: in ASCII, [^\W\d_] is [A-Za-z], \d is [0-9],
+# and \s also matches \x1c-\x1f. tests/unit/test_tokenize_fast.py checks the equivalence.
+
 _HASH_BYTES = 8
+
+
+def _pieces(text: str) -> list[str] | list[bytes]:
+    """The pieces of ``text``: UTF-8 bytes when it is ASCII, else strings (same boundaries either way)."""
+    if text.isascii():
+        return _ASCII_PATTERN.findall(text.encode("ascii"))
+    return TOKEN_PATTERN.findall(text)
 
 
 def token_pieces(text: str) -> list[str]:
@@ -55,7 +71,7 @@ def count_tokens(text: str) -> int:
     """Approximate token count of ``text`` (see the module docstring for the rules)."""
     if not text:
         return 0
-    return len(TOKEN_PATTERN.findall(text))
+    return len(_pieces(text))
 
 
 def block_hashes(text: str, block_tokens: int = 16) -> tuple[int, ...]:
@@ -63,23 +79,28 @@ def block_hashes(text: str, block_tokens: int = 16) -> tuple[int, ...]:
 
     The last partial block is not hashed (engines only cache full blocks).
     """
-    return _hash_pieces(TOKEN_PATTERN.findall(text), block_tokens)
+    return _hash_pieces(_pieces(text), block_tokens)
 
 
 def count_and_hash(text: str, block_tokens: int = 16) -> tuple[int, tuple[int, ...]]:
     """``(count_tokens(text), block_hashes(text, block_tokens))`` with one pass over the text."""
-    pieces = TOKEN_PATTERN.findall(text)
+    pieces = _pieces(text)
     return len(pieces), _hash_pieces(pieces, block_tokens)
 
 
-def _hash_pieces(pieces: list[str], block_tokens: int) -> tuple[int, ...]:
+def _hash_pieces(pieces: list[str] | list[bytes], block_tokens: int) -> tuple[int, ...]:
     if block_tokens <= 0:
         raise ValueError("block_tokens must be positive")
     full = len(pieces) // block_tokens
+    if not full:
+        return ()
     out: list[int] = []
     prev = b""
+    as_bytes = isinstance(pieces[0], bytes)
+    join = b"".join
     for i in range(full):
-        chunk = "".join(pieces[i * block_tokens : (i + 1) * block_tokens]).encode("utf-8", "surrogatepass")
+        block: Any = pieces[i * block_tokens : (i + 1) * block_tokens]
+        chunk = join(block) if as_bytes else "".join(block).encode("utf-8", "surrogatepass")
         digest = blake2b(prev + chunk, digest_size=_HASH_BYTES).digest()
         out.append(int.from_bytes(digest, "big"))
         prev = digest
@@ -106,15 +127,61 @@ def _content_text(content: Any) -> str:
     return str(content)
 
 
+def _chat_segments(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    out: list[str] = []
+    for message in messages:
+        role = message.get("role", "user")
+        out.append(f"<|im_start|>{role}\n{_content_text(message.get('content'))}<|im_end|>\n")
+    out.append("<|im_start|>assistant\n")
+    return out
+
+
 def render_chat_prompt(messages: Sequence[Mapping[str, Any]]) -> str:
     """Deterministic ChatML-like prompt for a list of OpenAI chat messages.
 
     ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, then ``<|im_start|>assistant\\n`` (the
     generation prompt). Text parts of list contents are concatenated; image and other parts are ignored.
     """
-    out: list[str] = []
-    for message in messages:
-        role = message.get("role", "user")
-        out.append(f"<|im_start|>{role}\n{_content_text(message.get('content'))}<|im_end|>\n")
-    out.append("<|im_start|>assistant\n")
-    return "".join(out)
+    return "".join(_chat_segments(messages))
+
+
+#: Rendered message -> its pieces as UTF-8 bytes. Multi-turn chats resend their history with every turn, so
+#: only the new messages need the regex. Bounded by pieces held (FIFO eviction); only long messages enter.
+_SEGMENT_CACHE: dict[str, list[bytes]] = {}
+_SEGMENT_CACHE_MAX_PIECES = 1 << 20
+_SEGMENT_CACHE_MIN_CHARS = 256
+_segment_cache_pieces = 0
+
+
+def _segment_pieces(segment: str) -> list[bytes]:
+    global _segment_cache_pieces
+    cached = _SEGMENT_CACHE.get(segment)
+    if cached is not None:
+        return cached
+    if segment.isascii():
+        pieces: list[bytes] = _ASCII_PATTERN.findall(segment.encode("ascii"))
+    else:
+        pieces = [p.encode("utf-8", "surrogatepass") for p in TOKEN_PATTERN.findall(segment)]
+    if len(segment) >= _SEGMENT_CACHE_MIN_CHARS:
+        while _SEGMENT_CACHE and _segment_cache_pieces + len(pieces) > _SEGMENT_CACHE_MAX_PIECES:
+            _segment_cache_pieces -= len(_SEGMENT_CACHE.pop(next(iter(_SEGMENT_CACHE))))
+        if len(pieces) <= _SEGMENT_CACHE_MAX_PIECES:
+            _SEGMENT_CACHE[segment] = pieces
+            _segment_cache_pieces += len(pieces)
+    return pieces
+
+
+def count_and_hash_chat(
+    messages: Sequence[Mapping[str, Any]], block_tokens: int = 16, *, hashes: bool = True
+) -> tuple[str, int, tuple[int, ...]]:
+    """``(render_chat_prompt(m), count_tokens(text), block_hashes(text) or ())`` for chat messages.
+
+    Same results as tokenizing the rendered text, computed per message (with a cache of long messages): no
+    piece crosses a message boundary, since every rendered message ends with ``">\\n"`` and the next starts
+    with ``"<"``. tests/unit/test_tokenize_fast.py checks the equivalence.
+    """
+    segments = _chat_segments(messages)
+    pieces: list[bytes] = []
+    for segment in segments:
+        pieces += _segment_pieces(segment)
+    return "".join(segments), len(pieces), (_hash_pieces(pieces, block_tokens) if hashes else ())

@@ -58,6 +58,13 @@ def create_app(
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 
+    async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
+        # While draining, each response closes its keep-alive connection (clients reconnect elsewhere).
+        if proxy.shutting_down:
+            response.force_close()  # the connection closes after this response ...
+            response.headers["Connection"] = "close"  # ... and the client is told (headers already built)
+
+    app.on_response_prepare.append(close_when_draining)
     app.router.add_post("/v1/chat/completions", proxy.chat)
     app.router.add_post("/v1/completions", proxy.completions)
     app.router.add_get("/v1/models", models)

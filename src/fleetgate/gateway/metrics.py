@@ -21,6 +21,10 @@ LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
     160.0,
 )  # fmt: skip
+ROUTING_BUCKETS = (
+    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1,
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -80,8 +84,16 @@ class GatewayMetrics:
             labels,
             registry=self.registry,
         )
+        self.routing = Histogram(
+            "fleetgate_routing_seconds",
+            "Time the routing policy took to pick a replica (one observation per attempt).",
+            ["deployment"],
+            buckets=ROUTING_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_FleetCollector(fleet))
         self._children: dict[tuple[str, str], ReplicaMetrics] = {}
+        self._routing: dict[str, Histogram] = {}
         self._requests: dict[tuple[str, str, str, str], Counter] = {}
 
     def count_request(self, deployment: str, replica: str, endpoint: str, status: int) -> None:
@@ -91,6 +103,13 @@ class GatewayMetrics:
         if child is None:
             child = self._requests[key] = self.requests.labels(*key)
         child.inc()
+
+    def routing_child(self, deployment: str) -> Histogram:
+        """The ``fleetgate_routing_seconds`` child of ``deployment`` (cached: ``labels()`` is slow)."""
+        child = self._routing.get(deployment)
+        if child is None:
+            child = self._routing[deployment] = self.routing.labels(deployment)
+        return child
 
     def replica(self, deployment: str, replica: str) -> ReplicaMetrics:
         key = (deployment, replica)

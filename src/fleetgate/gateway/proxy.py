@@ -18,6 +18,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
@@ -40,7 +41,7 @@ from fleetgate.core.openai import (
     usage_from_body,
     with_stream_usage,
 )
-from fleetgate.core.types import RandomSource, RequestInfo, Usage
+from fleetgate.core.types import Priority, RandomSource, RequestInfo, Usage
 from fleetgate.engines.client import UpstreamClient
 from fleetgate.gateway.admission import (
     Admission,
@@ -67,6 +68,15 @@ log = logging.getLogger("fleetgate.gateway")
 
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+#: Tenant priority class -> the engine's request ``priority`` (vLLM semantics: lower runs first, default 0),
+#: sent only for deployments with ``engine_priority: true`` (vLLM ``--scheduling-policy priority``).
+ENGINE_PRIORITY: dict[Priority, int] = {
+    Priority.PROBE: -20,
+    Priority.INTERACTIVE: -10,
+    Priority.BATCH: 0,
+    Priority.BEST_EFFORT: 10,
+}
 
 #: Called after every attempt: (deployment, replica, ok, now). For the prober's evidence of progress.
 ResultListener = Callable[[str, str, bool, float], None]
@@ -165,7 +175,10 @@ class Proxy:
         try:
             tenant = self.admission.authenticate(request.headers.get("Authorization"))
             call.tenant = tenant_name(tenant)
-            parsed = parse_request(load_json_body(await self._read_body(request)), endpoint)
+            body = load_json_body(await self._read_body(request))
+            model = body.get("model")
+            known = self.fleet.deployments.get(model) if isinstance(model, str) else None
+            parsed = parse_request(body, endpoint, hashes=known is None or _uses_prefix_hashes(known))
             deployment = self.fleet.get(parsed.model)
             image_tokens = 0
             if parsed.image_parts and self.images is not None:  # text-only requests skip this entirely
@@ -233,7 +246,9 @@ class Proxy:
         except web.HTTPRequestEntityTooLarge as exc:
             raise payload_too_large(limit) from exc
 
-    def _upstream_body(self, parsed: ParsedRequest, deployment: Deployment) -> tuple[bytes | None, bool]:
+    def _upstream_body(
+        self, parsed: ParsedRequest, deployment: Deployment, info: RequestInfo | None = None
+    ) -> tuple[bytes | None, bool]:
         """The body to send (``None``: forward the client's bytes) and whether to strip injected usage."""
         body: dict[str, Any] | None = None
         strip = False
@@ -244,6 +259,9 @@ class Proxy:
         if parsed.stream and not parsed.include_usage and self.config.stream_usage:
             body = with_stream_usage(body or parsed.body)
             strip = True
+        if info is not None and getattr(deployment.config, "engine_priority", False):
+            # the tenant's class, never the client's own "priority" field (no queue jumping)
+            body = {**(body or parsed.body), "priority": ENGINE_PRIORITY[info.priority]}
         return (orjson.dumps(body) if body is not None else None), strip
 
     async def _dispatch(
@@ -254,17 +272,21 @@ class Proxy:
         info: RequestInfo,
         call: _Call,
     ) -> web.StreamResponse:
-        new_body, strip = self._upstream_body(parsed, deployment)
+        new_body, strip = self._upstream_body(parsed, deployment, info)
         body = new_body if new_body is not None else await request.read()  # cached by aiohttp
+        routing_hist = self.metrics.routing_child(deployment.model)
         exclude: set[str] = set()
         last: UpstreamError | None = None
         for _ in range(self.config.max_attempts):
+            t0 = perf_counter()
             try:
                 decision = deployment.pick(info, self.clock(), self.rng, frozenset(exclude))
             except ServiceUnavailableError:
                 if last is not None:
                     break
                 raise
+            finally:
+                routing_hist.observe(perf_counter() - t0)
             replica = deployment.replicas.get(decision.replica)
             if replica is None:  # removed between snapshot and lookup
                 exclude.add(decision.replica)
@@ -524,6 +546,21 @@ class _RelayResponse(web.StreamResponse):
     those bytes in hand when it prepares. (aiohttp's own switch; harmless if a future aiohttp drops it.)"""
 
     _send_headers_immediately = False
+
+
+#: Built-in policies that never read ``RequestInfo.prefix_hashes`` (the gateway skips hashing for them).
+_HASH_FREE_POLICIES = frozenset({"random", "round_robin", "least_requests", "p2c"})
+
+
+def _uses_prefix_hashes(deployment: Deployment) -> bool:
+    """Whether the deployment's policy reads prefix hashes: its ``uses_prefix_hashes`` attribute when it has
+    one, else by policy name (unknown policies: yes)."""
+    policy = deployment.policy
+    flag = getattr(policy, "uses_prefix_hashes", None)
+    if isinstance(flag, bool):
+        return flag
+    name = getattr(policy, "name", None)
+    return (name if isinstance(name, str) else deployment.config.routing.policy) not in _HASH_FREE_POLICIES
 
 
 def _session_key(request: web.Request, parsed: ParsedRequest) -> str | None:

@@ -1,8 +1,14 @@
 """Gateway lifecycle: listen, run the control loops, and shut down gracefully.
 
-Shutdown (SIGTERM): readiness turns 503, the listening socket closes (no new connections), in-flight requests
-and streams get up to ``shutdown_grace_s`` to finish, then whatever is left is cancelled (streams get an SSE
-error event) and the upstream pool closes.
+Shutdown (SIGTERM): readiness turns 503, the listening socket closes (no new connections), and every response
+from then on carries ``Connection: close``. Requests that arrive on already-open keep-alive connections during
+``shutdown_linger_s`` are still served (never reset after the gateway read them); in-flight requests and
+streams get up to ``shutdown_grace_s`` to finish, then whatever is left is cancelled (streams get an SSE error
+event), the remaining idle connections close and the upstream pool closes.
+
+Slow clients: a connection that has started a request must deliver all its headers within
+``client_header_timeout_s`` (slowloris), and an idle keep-alive connection closes after
+``client_keepalive_timeout_s``.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from fleetgate.config import GatewayConfig
 from fleetgate.engines.client import UpstreamClient
@@ -70,12 +77,14 @@ class GatewayServer:
 
     async def start(self, port: int | None = None) -> str:
         """Listen (``port`` overrides the config; 0 picks a free port) and start scraping; returns the URL."""
-        self.runner = web.AppRunner(
+        self.runner = _GatewayRunner(
             self.app,
+            header_timeout_s=self.config.client_header_timeout_s,
             handle_signals=False,
             access_log=None,
             handler_cancellation=True,
             shutdown_timeout=1.0,
+            keepalive_timeout=self.config.client_keepalive_timeout_s,
         )
         await self.runner.setup()
         self.site = web.TCPSite(
@@ -99,13 +108,17 @@ class GatewayServer:
     async def stop(self, grace_s: float | None = None) -> bool:
         """Graceful stop; returns True when every in-flight request finished within the grace period."""
         grace = self.config.shutdown_grace_s if grace_s is None else grace_s
-        self.proxy.shutting_down = True
+        loop = asyncio.get_running_loop()
+        linger_until = loop.time() + min(self.config.shutdown_linger_s, grace)
+        self.proxy.shutting_down = True  # readiness 503; every response from now on: Connection: close
         if self.site is not None:
-            await self.site.stop()
+            await self.site.stop()  # no new connections; open ones keep being served
             self.site = None
         drained = await self.proxy.wait_idle(grace)
         if not drained:
             log.warning("shutdown grace of %.1f s over: cancelling %d request(s)", grace, self.proxy.active)
+        else:
+            await self._linger(linger_until)
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
@@ -124,6 +137,87 @@ class GatewayServer:
             await self.scraper.stop()
         await self.client.close()
         return drained
+
+    async def _linger(self, until: float) -> None:
+        """Keep serving requests that arrive on open keep-alive connections until ``until`` (loop time), or
+        until every connection has closed (each response while draining closes its connection), and until
+        no request is in flight."""
+        loop = asyncio.get_running_loop()
+        server = self.runner.server if self.runner is not None else None
+        while server is not None:
+            busy = any(_busy(conn) for conn in server.connections)
+            if not busy and (loop.time() >= until or not server.connections):
+                return
+            if loop.time() >= until + self.config.shutdown_grace_s:
+                return  # a request that arrived in the window ran past its own grace period
+            await asyncio.sleep(0.02)
+
+
+def _busy(conn: RequestHandler) -> bool:
+    """A request is being handled on ``conn``, or one was read and waits to be handled."""
+    return bool(getattr(conn, "_request_in_progress", False) or getattr(conn, "_messages", None))
+
+
+class _HeaderTimeoutHandler(RequestHandler):
+    """aiohttp's connection handler plus a header deadline: once the first bytes of a request arrived, the
+    complete request head must follow within ``header_timeout_s`` or the connection is closed (aiohttp
+    itself only closes idle connections, after its keep-alive timeout)."""
+
+    __slots__ = ("_header_handle", "_header_timeout_s")
+
+    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timeout_s = header_timeout_s
+        self._header_handle: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        handle = self._header_handle
+        if self._messages or self._request_in_progress:  # a whole request head arrived, or one is served
+            if handle is not None:
+                handle.cancel()
+                self._header_handle = None
+        elif handle is None and data:  # the first bytes of a new request head
+            self._header_handle = self._loop.call_later(self._header_timeout_s, self._header_deadline)
+
+    def _header_deadline(self) -> None:
+        self._header_handle = None
+        if not self._messages and not self._request_in_progress:
+            log.info("closing a connection: no complete request head within %.1f s", self._header_timeout_s)
+            self.force_close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._header_handle is not None:
+            self._header_handle.cancel()
+            self._header_handle = None
+        super().connection_lost(exc)
+
+
+class _GatewayRunner(web.AppRunner):
+    """An ``AppRunner`` whose connections use ``_HeaderTimeoutHandler``."""
+
+    __slots__ = ("_header_timeout_s",)
+
+    def __init__(self, app: web.Application, *, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._header_timeout_s = header_timeout_s
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _HeaderTimeoutServer  # same state; only the connection handler class differs
+        server._header_timeout_s = self._header_timeout_s  # type: ignore[attr-defined]
+        return server
+
+
+class _HeaderTimeoutServer(web.Server):
+    """aiohttp's protocol factory, building ``_HeaderTimeoutHandler`` connections."""
+
+    _header_timeout_s: float
+
+    def __call__(self) -> RequestHandler:
+        return _HeaderTimeoutHandler(
+            self, loop=self._loop, header_timeout_s=self._header_timeout_s, **self._kwargs
+        )
 
 
 async def _guard(name: str, run: Callable[[], Awaitable[None]]) -> None:
