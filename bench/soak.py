@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "chaos"))
 
 import chaos_ledger as cl  # noqa: E402

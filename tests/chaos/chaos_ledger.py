@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import os
 import random
 import re
@@ -30,7 +29,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import aiohttp
@@ -39,6 +37,7 @@ import yaml
 
 from fleetgate.core.tokenize import count_tokens, render_chat_prompt
 from fleetgate.simengine.textgen import start_index, tokens_text
+from integration_tools import integration_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -46,21 +45,7 @@ MODEL = "chaos-model"
 KEYS = {"alpha": "sk-chaos-alpha-7f3e", "capped": "sk-chaos-capped-91ab", "admin": "sk-chaos-admin-c0de"}
 
 
-def _integration_tools() -> ModuleType:
-    """``tests/integration/conftest.py`` (ServerProcess & co.), loaded read-only under another name."""
-    name = "fleetgate_integration_tools"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "integration" / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-TOOLS = _integration_tools()
-ServerProcess = TOOLS.ServerProcess
+ServerProcess = integration_tools().ServerProcess
 
 
 def free_port() -> int:

@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from integration_tools import integration_tools
+
 PY = sys.executable
 MODEL = "fuzz-model"
 ADMIN_KEY = "sk-fuzz-admin-77aa"
 TENANT_KEY = "sk-fuzz-tenant-33bb"
 
 
-def _tools() -> Any:
-    name = "fleetgate_integration_tools"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "integration" / "conftest.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-ServerProcess = _tools().ServerProcess
+ServerProcess = integration_tools().ServerProcess
 
 
 def start_fleet(tmp: Path, *, tenants: bool) -> tuple[Any, Any]:

@@ -18,6 +18,16 @@ from fleetgate.core.units import load_profile
 SIM_ARGS = ["--time-scale", "0.5", "--max-num-seqs", "8"]
 
 
+def run_calibrate(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``fleetgate calibrate ARGS`` in a subprocess, output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "fleetgate.cli", "calibrate", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @pytest.fixture
 def sim_engine() -> Iterator[str]:
     cmd = [sys.executable, "-m", "fleetgate.cli", "engine", "sim", "--port", "0", *SIM_ARGS]
@@ -51,24 +61,16 @@ def test_calibrate_quick_against_sim_engine(sim_engine: str, tmp_path: Path) -> 
     out = tmp_path / "profile.json"
     png = tmp_path / "fit.png"
     t0 = time.monotonic()
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fleetgate.cli",
-            "calibrate",
-            "--engine",
-            sim_engine,
-            "--model",
-            "fleetgate-sim",
-            "--out",
-            str(out),
-            "--plot",
-            str(png),
-            "--quick",
-        ],
-        capture_output=True,
-        text=True,
+    res = run_calibrate(
+        "--engine",
+        sim_engine,
+        "--model",
+        "fleetgate-sim",
+        "--out",
+        str(out),
+        "--plot",
+        str(png),
+        "--quick",
         timeout=110,
     )
     elapsed = time.monotonic() - t0
@@ -103,22 +105,14 @@ def test_calibrate_reports_unreachable_engine(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fleetgate.cli",
-            "calibrate",
-            "--engine",
-            f"http://127.0.0.1:{port}",
-            "--model",
-            "m",
-            "--out",
-            str(tmp_path / "p.json"),
-            "--quick",
-        ],
-        capture_output=True,
-        text=True,
+    res = run_calibrate(
+        "--engine",
+        f"http://127.0.0.1:{port}",
+        "--model",
+        "m",
+        "--out",
+        str(tmp_path / "p.json"),
+        "--quick",
         timeout=60,
     )
     assert res.returncode == 1
@@ -127,23 +121,15 @@ def test_calibrate_reports_unreachable_engine(tmp_path: Path) -> None:
 
 
 def test_calibrate_rejects_unreadable_engine_pid(tmp_path: Path) -> None:
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fleetgate.cli",
-            "calibrate",
-            "--engine",
-            "http://127.0.0.1:9",
-            "--model",
-            "m",
-            "--out",
-            str(tmp_path / "p.json"),
-            "--engine-pid",
-            "999999999",
-        ],
-        capture_output=True,
-        text=True,
+    res = run_calibrate(
+        "--engine",
+        "http://127.0.0.1:9",
+        "--model",
+        "m",
+        "--out",
+        str(tmp_path / "p.json"),
+        "--engine-pid",
+        "999999999",
         timeout=60,
     )
     assert res.returncode == 1

@@ -53,7 +53,13 @@ def fleet(tools: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
         for e in engines:
             e.wait_ready()
         cfg = {
-            "gateway": {"host": "127.0.0.1", "port": 0, "max_body_bytes": 65536, "scrape_interval_s": 0.5},
+            "gateway": {
+                "host": "127.0.0.1",
+                "port": 0,
+                "max_body_bytes": 65536,
+                "scrape_interval_s": 0.5,
+                "health_checks": False,  # the tests count engine-side in-flight requests: no probes
+            },
             "deployments": [
                 {
                     "model": MODEL,

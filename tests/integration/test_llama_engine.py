@@ -9,18 +9,18 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
 import pytest
+from engine_http import MODEL, chat, openai_client, scrape_metrics
 
 from fleetgate.engines.llama import (
     EngineProcess,
@@ -32,9 +32,6 @@ from fleetgate.engines.llama import (
     missing_llama_parts,
     start_llama_replicas,
 )
-
-MODEL = "tiny-llama"
-SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -55,27 +52,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EnginePr
             p.stop()
 
 
-def _client(proc: EngineProcess, timeout: float = 30.0) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", timeout=timeout, max_retries=0)
-
-
-def _metrics(proc: EngineProcess) -> dict[str, float]:
-    text = httpx.get(proc.url + "/metrics", timeout=5).text
-    return {m.group(1): float(m.group(3)) for m in SAMPLE.finditer(text)}
-
-
-def _chat(proc: EngineProcess, content: str, max_tokens: int, **extra: object) -> dict[str, Any]:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        **extra,
-    }
-    resp = httpx.post(proc.url + "/v1/chat/completions", json=body, timeout=30)
-    resp.raise_for_status()
-    return resp.json()
+_client = partial(openai_client, timeout=30.0)
+_metrics = partial(scrape_metrics, timeout=5)
+_chat = partial(chat, timeout=30)
 
 
 def test_command_line_has_metrics_slots_threads_and_local_host() -> None:

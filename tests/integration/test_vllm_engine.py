@@ -6,14 +6,13 @@ that instruction when they are missing. One replica is started for the module (a
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
-from typing import Any
+from functools import partial
 
 import httpx
-import openai
 import pytest
+from engine_http import MODEL, chat, openai_client, scrape_metrics
 
 from fleetgate.engines.llama import EngineProcess, free_port
 from fleetgate.engines.vllm_cpu import (
@@ -25,9 +24,6 @@ from fleetgate.engines.vllm_cpu import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-MODEL = "tiny-llama"
-SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -52,26 +48,8 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
         proc.stop(grace=15)
 
 
-def _metrics(proc: EngineProcess) -> dict[str, float]:
-    """Sum of every sample per metric name (vLLM labels each by model and engine)."""
-    out: dict[str, float] = {}
-    for m in SAMPLE.finditer(httpx.get(proc.url + "/metrics", timeout=10).text):
-        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-    return out
-
-
-def _chat(proc: EngineProcess, content: str, max_tokens: int, **extra: object) -> dict[str, Any]:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        **extra,
-    }
-    resp = httpx.post(proc.url + "/v1/chat/completions", json=body, timeout=60)
-    assert resp.status_code == 200, resp.text
-    return resp.json()
+_metrics = partial(scrape_metrics, timeout=10)
+_chat = partial(chat, timeout=60)
 
 
 def test_command_line_uses_module_entrypoint_kv_cache_and_priority() -> None:
@@ -92,7 +70,7 @@ def test_models_and_health(vllm: EngineProcess) -> None:
 
 
 def test_chat_completion_exact_length_and_usage(vllm: EngineProcess) -> None:
-    client = openai.OpenAI(base_url=vllm.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+    client = openai_client(vllm, timeout=60)
     resp = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Tell me about the request queue in the gateway."}],
@@ -107,7 +85,7 @@ def test_chat_completion_exact_length_and_usage(vllm: EngineProcess) -> None:
 
 
 def test_stream_reports_usage(vllm: EngineProcess) -> None:
-    client = openai.OpenAI(base_url=vllm.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+    client = openai_client(vllm, timeout=60)
     stream = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "stream a short answer"}],

@@ -6,12 +6,11 @@ stdout/stderr is captured so the tests can search it for leaked keys.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from integration_tools import integration_tools
+
 PY = sys.executable
 MODEL = "sec-model"
 KEYS = {
@@ -21,18 +20,7 @@ KEYS = {
 }
 
 
-def _tools() -> Any:
-    name = "fleetgate_integration_tools"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "integration" / "conftest.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-ServerProcess = _tools().ServerProcess
+ServerProcess = integration_tools().ServerProcess
 
 
 def tenants_config(engine_url: str, **gateway: Any) -> dict[str, Any]:

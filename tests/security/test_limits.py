@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 from sec_env import KEYS, MODEL
 
 

@@ -371,7 +371,7 @@ def _scenario(la: LocalAdmission, seed: int) -> list[tuple[str, bool, str, float
     return out
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(20))
 def test_arrival_passes_decide_exactly_as_full_passes(seed: int) -> None:
     cap = CapacityView(capacity_mu_per_min=80.0, sold_mu_per_min=50.0)
     fast = LocalAdmission(AdmissionSettings(queue_max=60), capacity_of=lambda _m: cap)

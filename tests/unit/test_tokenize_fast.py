@@ -8,6 +8,7 @@ from hashlib import blake2b
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fleetgate.core import tokenize
 from fleetgate.core.tokenize import (
     _ASCII_PATTERN,
     TOKEN_PATTERN,
@@ -86,3 +87,5 @@ def test_chat_cache_long_history() -> None:
             len(TOKEN_PATTERN.findall(text)),
             _reference_hashes(text, 16),
         )
+        if turn:  # the previous turn's history was remembered, and resumed from
+            assert any(key[1] and len(key[1]) == turn + 1 for key in tokenize._CHAIN_CACHE)

@@ -901,7 +901,8 @@ class PumpPass:
             if c is not None and st is not None:
                 free_in = max(MIN_RETRY_AFTER_S, wait_s(st, c.params, c.amount, st.updated_s))
                 free_in = min(free_in, outcome.retry_after_s)
-            at = self.now + free_in
+                free_in -= 4 * EPS / c.params.rate_per_s  # wait_s tolerates EPS: never assume too late
+            at = self.now + max(0.0, free_in - 1e-9)
             self.unblock_s = at if self.unblock_s is None else min(self.unblock_s, at)
         if not outcome.blocked:  # denied without naming a meter: retry after its wait
             at = self.now + outcome.retry_after_s
@@ -1080,10 +1081,13 @@ class AdmissionCore:
         if p.unblock_s is not None:
             self._valid_until = min(self._valid_until, p.unblock_s)
         rank = self.queue._rank(entry)
+        if p.blockers and any(rank < self.queue._rank(b) for b, _u, _s in self._blockers.values()):
+            # It now blocks meters ahead of entries a full pass tried: they would be skipped there and
+            # their other meters left free, so what is blocked must be recomputed by a full pass.
+            self.invalidate()
+            return
         for k, b in p.blockers.items():
-            cur = self._blockers.get(k)
-            if cur is None or rank < self.queue._rank(cur[0]):
-                self._blockers[k] = b
+            self._blockers.setdefault(k, b)
         for m, cap in p._caps.items():
             self._caps.setdefault(m, cap)
 

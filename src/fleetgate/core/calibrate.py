@@ -288,6 +288,14 @@ def profile_from_seconds(
     )
 
 
+def predicted_seconds(profile: CostProfile, measurements: Sequence[Measurement]) -> FloatArray:
+    """Replica seconds ``profile`` predicts for each measurement's (input, output) shape."""
+    return np.asarray(
+        [profile.replica_seconds(profile.cost(m.input_tokens, m.output_tokens)) for m in measurements],
+        dtype=np.float64,
+    )
+
+
 @dataclass(frozen=True)
 class Calibration:
     """A fitted profile and its quality on the training and held-out measurements."""
@@ -304,12 +312,7 @@ class Calibration:
 
     def predicted_seconds(self, measurements: Sequence[Measurement]) -> FloatArray:
         """Replica seconds the fitted profile predicts for each measurement's shape."""
-        return np.asarray(
-            [
-                self.profile.replica_seconds(self.profile.cost(m.input_tokens, m.output_tokens))
-                for m in measurements
-            ]
-        )
+        return predicted_seconds(self.profile, measurements)
 
     def fit_report(self) -> dict[str, Any]:
         """The quality numbers stored in the profile's ``fit`` field."""
@@ -365,10 +368,7 @@ def fit_cost_profile(
     def quality(idx: list[int]) -> tuple[float, float]:
         if not idx:
             return math.nan, math.nan
-        pred = [
-            profile.replica_seconds(profile.cost(measurements[i].input_tokens, measurements[i].output_tokens))
-            for i in idx
-        ]
+        pred = predicted_seconds(profile, [measurements[i] for i in idx])
         return r2_score(y_all[idx], pred), mape(y_all[idx], pred)
 
     r2_tr, mape_tr = quality(train)
@@ -567,8 +567,7 @@ def fit_batched_perf(
         hardware=hardware,
         engine=engine,
     )
-    mu_secs = [profile.replica_seconds(profile.cost(m.input_tokens, m.output_tokens)) for m in grid_m]
-    mu_err = mape([m.replica_seconds for m in grid_m], mu_secs)
+    mu_err = mape([m.replica_seconds for m in grid_m], predicted_seconds(profile, grid_m))
     perf_dict = perf.as_dict() | {
         "saturation_batch": b,
         **(extra_perf or {}),

@@ -88,17 +88,20 @@ def count_and_hash(text: str, block_tokens: int = 16) -> tuple[int, tuple[int, .
     return len(pieces), _hash_pieces(pieces, block_tokens)
 
 
-def _hash_pieces(pieces: list[str] | list[bytes], block_tokens: int) -> tuple[int, ...]:
+def _hash_pieces(
+    pieces: list[str] | list[bytes], block_tokens: int, known: tuple[int, ...] = ()
+) -> tuple[int, ...]:
+    """Chained block hashes; ``known``: already computed hashes of the first blocks (resume after them)."""
     if block_tokens <= 0:
         raise ValueError("block_tokens must be positive")
     full = len(pieces) // block_tokens
     if not full:
         return ()
-    out: list[int] = []
-    prev = b""
+    out: list[int] = list(known[:full])
+    prev = out[-1].to_bytes(_HASH_BYTES, "big") if out else b""
     as_bytes = isinstance(pieces[0], bytes)
     join = b"".join
-    for i in range(full):
+    for i in range(len(out), full):
         block: Any = pieces[i * block_tokens : (i + 1) * block_tokens]
         chunk = join(block) if as_bytes else "".join(block).encode("utf-8", "surrogatepass")
         digest = blake2b(prev + chunk, digest_size=_HASH_BYTES).digest()
@@ -148,7 +151,7 @@ def render_chat_prompt(messages: Sequence[Mapping[str, Any]]) -> str:
 #: Rendered message -> its pieces as UTF-8 bytes. Multi-turn chats resend their history with every turn, so
 #: only the new messages need the regex. Bounded by pieces held (FIFO eviction); only long messages enter.
 _SEGMENT_CACHE: dict[str, list[bytes]] = {}
-_SEGMENT_CACHE_MAX_PIECES = 1 << 20
+_SEGMENT_CACHE_MAX_PIECES = 1 << 19  # about 25 MB of small bytes objects
 _SEGMENT_CACHE_MIN_CHARS = 256
 _segment_cache_pieces = 0
 
@@ -184,4 +187,40 @@ def count_and_hash_chat(
     pieces: list[bytes] = []
     for segment in segments:
         pieces += _segment_pieces(segment)
-    return "".join(segments), len(pieces), (_hash_pieces(pieces, block_tokens) if hashes else ())
+    text = "".join(segments)
+    if not hashes:
+        return text, len(pieces), ()
+    # The hashes of a history's blocks were computed when that history was last sent: resume after them.
+    history = tuple(segments[:-1])  # the messages, without the generation prompt
+    known: tuple[int, ...] = ()
+    for k in range(len(history), 0, -1):
+        hit = _CHAIN_CACHE.get((block_tokens, history[:k]))
+        if hit is not None:
+            known = hit
+            break
+    out = _hash_pieces(pieces, block_tokens, known)
+    history_blocks = (len(pieces) - len(_segment_pieces(segments[-1]))) // block_tokens
+    if history_blocks >= _CHAIN_CACHE_MIN_BLOCKS and len(known) < history_blocks:
+        _remember_chain((block_tokens, history), out[:history_blocks], len(text))
+    return text, len(pieces), out
+
+
+#: (block_tokens, rendered messages) -> the chained hashes of their full blocks (FIFO, bounded by chars held)
+_CHAIN_CACHE: dict[tuple[int, tuple[str, ...]], tuple[int, ...]] = {}
+_CHAIN_CACHE_SIZES: dict[tuple[int, tuple[str, ...]], int] = {}
+_CHAIN_CACHE_MAX_CHARS = 16 << 20
+_CHAIN_CACHE_MIN_BLOCKS = 8
+_chain_cache_chars = 0
+
+
+def _remember_chain(key: tuple[int, tuple[str, ...]], hashes: tuple[int, ...], chars: int) -> None:
+    global _chain_cache_chars
+    if chars > _CHAIN_CACHE_MAX_CHARS or key in _CHAIN_CACHE:
+        return
+    while _CHAIN_CACHE and _chain_cache_chars + chars > _CHAIN_CACHE_MAX_CHARS:
+        oldest = next(iter(_CHAIN_CACHE))
+        del _CHAIN_CACHE[oldest]
+        _chain_cache_chars -= _CHAIN_CACHE_SIZES.pop(oldest)
+    _CHAIN_CACHE[key] = hashes
+    _CHAIN_CACHE_SIZES[key] = chars
+    _chain_cache_chars += chars

@@ -23,6 +23,7 @@ from typing import Any
 
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.outlier import OutlierDetector
+from fleetgate.core.routing.params import parse_params
 from fleetgate.core.routing.pipeline import PickContext, no_replica_error
 from fleetgate.core.routing.prefix_index import PrefixIndex
 from fleetgate.core.types import RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
@@ -111,7 +112,7 @@ class CacheAwarePolicy:
             self.outliers.record(replica, ok, now)
 
 
-_PARAMS = {
+_PARAMS: dict[str, Any] = {
     "cache_threshold": float,
     "balance_abs_threshold": int,
     "balance_rel_threshold": float,
@@ -121,10 +122,4 @@ _PARAMS = {
 
 
 def build_cache_aware(params: dict[str, Any], det: OutlierDetector | None) -> CacheAwarePolicy:
-    unknown = set(params) - set(_PARAMS)
-    if unknown:
-        raise ValueError(
-            f"unknown parameter(s) for routing policy 'cache_aware': {', '.join(sorted(unknown))}"
-        )
-    kwargs: dict[str, Any] = {k: _PARAMS[k](v) for k, v in params.items()}
-    return CacheAwarePolicy(outliers=det, **kwargs)
+    return CacheAwarePolicy(outliers=det, **parse_params("cache_aware", params, _PARAMS))

@@ -38,6 +38,7 @@ from fleetgate.core.routing.affinity import BoundedLoadAffinity
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.keys import KeyFunction
 from fleetgate.core.routing.outlier import OutlierDetector
+from fleetgate.core.routing.params import parse_params
 from fleetgate.core.routing.pipeline import PickContext, no_replica_error
 from fleetgate.core.routing.prefix_index import PrefixIndex
 from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads, SlidingSums
@@ -634,8 +635,4 @@ _PARAMS: dict[str, Any] = {
 
 
 def build_fleetgate(params: dict[str, Any], det: OutlierDetector | None) -> FleetgatePolicy:
-    unknown = set(params) - set(_PARAMS)
-    if unknown:
-        raise ValueError(f"unknown parameter(s) for routing policy 'fleetgate': {', '.join(sorted(unknown))}")
-    kwargs: dict[str, Any] = {k: (None if v is None else _PARAMS[k](v)) for k, v in params.items()}
-    return FleetgatePolicy(outliers=det, **kwargs)
+    return FleetgatePolicy(outliers=det, **parse_params("fleetgate", params, _PARAMS, keep_none=True))
