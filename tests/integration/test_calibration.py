@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fleetgate.core.units import load_profile
 
 #: Small batch so that a quick ladder (up to 32 clients) saturates it; time-scaled to keep the test short.
-SIM_ARGS = ["--time-scale", "0.5", "--max-num-seqs", "8"]
+SIM_TIME_SCALE = "0.5"
+SIM_ARGS = ["--max-num-seqs", "8"]
 
 
 def run_calibrate(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -29,31 +30,10 @@ def run_calibrate(*args: str, timeout: float) -> subprocess.CompletedProcess[str
 
 
 @pytest.fixture
-def sim_engine() -> Iterator[str]:
-    cmd = [sys.executable, "-m", "fleetgate.cli", "engine", "sim", "--port", "0", *SIM_ARGS]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proc.stdout is not None
-        url = None
-        deadline = time.monotonic() + 30
-        lines = []
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            m = re.search(r"engine ready on (http://127\.0\.0\.1:\d+)", line)
-            if m:
-                url = m.group(1)
-                break
-        assert url, f"simulated engine did not start: {''.join(lines)}"
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def sim_engine(start_engine: Callable[..., Any]) -> str:
+    """A simulated engine serving the default model name (``fleetgate-sim``); the conftest kills it."""
+    url: str = start_engine("fleetgate-sim", *SIM_ARGS, time_scale=SIM_TIME_SCALE).wait_ready()
+    return url
 
 
 @pytest.mark.timeout(120)
