@@ -152,7 +152,8 @@ def test_four_gateways_fifty_clients_never_overshoot_by_more_than_one_request() 
     # empty before the next caller arrives is lost; the x20 clock magnifies that latency 20 times.)
     assert worst >= 0.8 * LIMIT_MU_PER_MIN, worst
     total = sum(c for _, c in events)
-    span = REAL_SECONDS * SCALE
+    # Callers queued just before the run ends are admitted after it: the bound runs to the last admission.
+    span = max(REAL_SECONDS * SCALE, events[-1][0] - events[0][0])
     assert total <= LIMIT_MU_PER_MIN * span / 60.0 + MAX_COST + 1e-6
 
 
