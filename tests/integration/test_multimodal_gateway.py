@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 from PIL import Image
 
+from aiohttp_site import serve_app
 from fleetgate.config import parse_config
 from fleetgate.core.types import RequestInfo, Usage
 from fleetgate.gateway.admission import OpenAdmission
@@ -92,15 +93,8 @@ async def image_server() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/photo.jpg", photo)
     app.router.add_get("/slow.jpg", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from aiohttp import web
 from PIL import Image
 from sec_env import MODEL
 
+from aiohttp_site import start_site
 from fleetgate.multimodal.fetch import AddressPolicy
 from fleetgate.multimodal.image import ImageError
 
@@ -48,12 +49,7 @@ class Listener:
         app = web.Application()
         app.router.add_get("/img.png", img)
         app.router.add_get("/hop", hop)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self.runner, self.url = await start_site(app, access_log=None)
 
     async def stop(self) -> None:
         if self.runner is not None:

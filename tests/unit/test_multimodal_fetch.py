@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 from PIL import Image
 
+from aiohttp_site import serve_app
 from fleetgate.multimodal.fetch import AddressPolicy, UrlFetcher
 from fleetgate.multimodal.image import ImageError
 
@@ -145,15 +146,8 @@ async def server() -> AsyncIterator[str]:
     app.router.add_get("/slow", slow)
     app.router.add_get("/redirect", redirect)
     app.router.add_get("/missing", missing)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url
 
 
 def _fetcher(**kw: object) -> UrlFetcher:
