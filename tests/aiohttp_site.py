@@ -10,7 +10,7 @@ from aiohttp import web
 
 
 async def start_site(app: web.Application, **runner_kw: Any) -> tuple[web.AppRunner, str]:
-    """Start ``app`` on 127.0.0.1, port 0; returns the runner (``await runner.cleanup()`` to stop) and its URL."""
+    """Start ``app`` on 127.0.0.1, port 0; returns the runner (``await runner.cleanup()`` stops it), URL."""
     runner = web.AppRunner(app, **runner_kw)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
