@@ -22,5 +22,9 @@ def integration_tools() -> ModuleType:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[NAME] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[NAME]  # a half-loaded module would hide the real error from later callers
+            raise
     return sys.modules[NAME]
