@@ -242,8 +242,9 @@ class ImageTargetConfig(_Strict):
 
     max_edge: int = Field(default=336, ge=16, le=16384, description="Longest side after resizing (px).")
     output_format: Literal["jpeg", "png", "webp", "original"] = Field(
-        default="jpeg", description="Re-encoding sent to the engine; `original` forwards unchanged bytes if "
-        "no resize was needed."
+        default="jpeg",
+        description="Re-encoding sent to the engine; `original` forwards unchanged bytes if "
+        "no resize was needed.",
     )
     jpeg_quality: int = Field(default=90, ge=1, le=100, description="JPEG/WebP quality of the re-encoding.")
     patch_size: int = Field(default=14, ge=1, description="Vision encoder patch size (px).")
