@@ -1130,16 +1130,7 @@ class AdmissionCore:
                 else:
                     peers[(other.tenant.name, c.key)] = peers.get((other.tenant.name, c.key), 0.0) + c.amount
                     weights[other.tenant.name] = other.tenant.weight
-        w_self = entry.tenant.weight if entry.tenant.weight > 0 else 1.0
-        wait = 0.0
-        for c in first:
-            share = mine[c.key] + c.amount
-            ahead = mine[c.key] + higher[c.key]
-            for (name, key), mu in peers.items():
-                if key == c.key:
-                    ahead += min(mu, share * weights[name] / w_self)
-            wait = max(wait, ahead / c.params.rate_per_s)
-        return own + wait
+        return own + _wait_behind(entry, first, mine, higher, peers, weights)
 
     def _wait_from_sums(self, entry: QueueEntry, first: list[Charge], keys: set[str], order: int) -> float:
         """``estimated_wait``'s sum for the newest entry of its (class, tenant), from the queue's per-(class,
@@ -1167,16 +1158,7 @@ class AdmissionCore:
                 else:
                     peers[(tenant, k)] = peers.get((tenant, k), 0.0) + mu
                     weights[tenant] = g.weight
-        w_self = entry.tenant.weight if entry.tenant.weight > 0 else 1.0
-        wait = 0.0
-        for c in first:
-            share = mine[c.key] + c.amount
-            ahead = mine[c.key] + higher[c.key]
-            for (tname, key), mu in peers.items():
-                if key == c.key:
-                    ahead += min(mu, share * weights[tname] / w_self)
-            wait = max(wait, ahead / c.params.rate_per_s)
-        return wait
+        return _wait_behind(entry, first, mine, higher, peers, weights)
 
     def give_up_if_hopeless(self, entry: QueueEntry, now: float) -> bool:
         """Reject a still-queued entry now when its estimated wait ends after its deadline."""
@@ -1371,3 +1353,28 @@ class SimAdmission:
         if d is not None:
             tenant = self.tenants.get(request.tenant, self.default)
             self.local.settle(tenant, request, d, cost_mu, now)
+
+
+def _wait_behind(
+    entry: QueueEntry,
+    first: list[Charge],
+    mine: dict[str, float],
+    higher: dict[str, float],
+    peers: dict[tuple[str, str], float],
+    weights: dict[str, float],
+) -> float:
+    """Seconds until ``entry``'s first charges clear.
+
+    Counts its own tenant's and higher classes' MU ahead of it, plus each same-class peer's MU up to that
+    peer's fair (weighted) share of this entry's.
+    """
+    w_self = entry.tenant.weight if entry.tenant.weight > 0 else 1.0
+    wait = 0.0
+    for c in first:
+        share = mine[c.key] + c.amount
+        ahead = mine[c.key] + higher[c.key]
+        for (name, key), mu in peers.items():
+            if key == c.key:
+                ahead += min(mu, share * weights[name] / w_self)
+        wait = max(wait, ahead / c.params.rate_per_s)
+    return wait

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -174,16 +174,7 @@ class Measurement:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
-        return {
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "cached_tokens": self.cached_tokens,
-            "replica_seconds": self.replica_seconds,
-            "concurrency": self.concurrency,
-            "requests": self.requests,
-            "throughput_rps": self.throughput_rps,
-            "latency_s": self.latency_s,
-        }
+        return asdict(self)
 
 
 #: Optional long-context terms of the cost model, by coefficient name (see core/units.py).
