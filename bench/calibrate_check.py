@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import platform
+import random
 import re
 import subprocess
 import sys
@@ -34,14 +35,14 @@ from typing import Any
 
 import aiohttp
 
-from fleetgate.core.calibrate import default_design, sweep_design
+from fleetgate.core.calibrate import default_design, mixed_design, sweep_design
 from fleetgate.core.units import CostProfile, load_profile
 from fleetgate.engines.calibration import (
     EngineProbe,
     Shape,
     calibrate_engine,
     plot_calibration,
-    process_cpu_seconds,
+    process_tree_cpu_seconds,
 )
 
 #: (input tokens, output tokens) shapes of each mix; none of them is a calibration design point.
@@ -100,6 +101,7 @@ async def measure_mix(
     requests_per_worker: int,
     profile: CostProfile,
     min_requests: int = 8,
+    min_busy_s: float = 0.0,
 ) -> dict[str, Any]:
     cycle = [Shape(words[i], o) for i, o in shapes]
 
@@ -110,7 +112,14 @@ async def measure_mix(
     # whole cycles, and enough of them that the middle half of the run is steady state
     per_worker = -(-requests_per_worker // len(cycle)) * len(cycle)
     least = -(-max(8 * len(cycle), min_requests) // len(cycle)) * len(cycle)
-    sat = await probe.saturate(pick_fn, ladder, requests_per_worker=per_worker, min_requests=least)
+    sat = await probe.saturate(
+        pick_fn,
+        ladder,
+        requests_per_worker=per_worker,
+        min_requests=least,
+        min_busy_s=min_busy_s,
+        cycle=len(cycle),
+    )
     best = sat.best
     costs = [profile.cost(p, c) for p, c in best.usages]
     mean_cost = sum(costs) / len(costs)
@@ -133,7 +142,7 @@ def _busy_clock(args: argparse.Namespace) -> Callable[[], float] | None:
     pid = int(args.engine_pid)
 
     def clock() -> float:
-        return process_cpu_seconds(pid)
+        return process_tree_cpu_seconds(pid)
 
     return clock
 
@@ -171,6 +180,14 @@ async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
             design = sweep_design(ins, outs, ladder_c)
         else:
             design = [replace(p, concurrencies=ladder_c) for p in default_design(args.quick)]
+        if args.mixed_runs:
+            design += mixed_design(
+                sorted({p.input_tokens for p in design}),
+                sorted({p.output_tokens for p in design}),
+                ladder_c,
+                args.mixed_runs,
+                random.Random(args.seed + 1),
+            )
         run = await calibrate_engine(
             engine,
             args.model,
@@ -181,6 +198,7 @@ async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
             requests_per_worker=args.requests_per_worker,
             busy_clock=_busy_clock(args),
             min_requests=args.min_requests,
+            min_busy_s=args.min_busy_s,
         )
         args.out.parent.mkdir(parents=True, exist_ok=True)
         prof_path = args.out.with_name(args.out.stem + "-profile.json")
@@ -194,6 +212,8 @@ async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
             "r2_holdout": run.calibration.r2_holdout,
             "mape_holdout": run.calibration.mape_holdout,
             "shapes": len(run.measurements),
+            "mixed_runs": sum(1 for m in run.measurements if m.mix),
+            "terms": list(run.calibration.terms),
         }
     report["profile"] = {k: v for k, v in profile.to_dict().items() if k not in ("perf", "fit")}
     ladder = [int(c) for c in args.ladder.split(",")]
@@ -209,7 +229,14 @@ async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
                     words[i] = await probe.words_for(i)
         for name, shapes in mixes.items():
             res = await measure_mix(
-                probe, shapes, words, ladder, args.requests_per_worker, profile, args.min_requests
+                probe,
+                shapes,
+                words,
+                ladder,
+                args.requests_per_worker,
+                profile,
+                args.min_requests,
+                args.min_busy_s if args.engine_pid is not None else 0.0,
             )
             results[name] = res
             if not args.quiet:
@@ -245,12 +272,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--outputs", default="", help="Calibration output lengths, e.g. 4,32,96 (default: design)."
     )
+    ap.add_argument(
+        "--mixed-runs",
+        type=int,
+        default=0,
+        help="Add this many mixed-shape runs (random grid shapes interleaved) to the calibration sweep.",
+    )
     ap.add_argument("--mix-scale", type=float, default=1.0, help="Scale the mixes' lengths (slow engines).")
     ap.add_argument(
         "--engine-pid",
         type=int,
         default=None,
-        help="Measure replica time as this local engine process's CPU time (one-thread CPU engines).",
+        help="Measure replica time as the CPU time of this local engine process and its children.",
+    )
+    ap.add_argument(
+        "--min-busy-s",
+        type=float,
+        default=2.0,
+        help="With --engine-pid: extend a rung until the engine used this much CPU time.",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/calibrate_check.json"))

@@ -246,8 +246,57 @@ def probes(url: str, text_body: bytes, seconds: float) -> tuple[Any, Any]:
     return proc, recv
 
 
+def sched_wait_s(pid: int) -> float:
+    """Seconds the process's threads spent runnable but not running (``/proc/PID/task/*/schedstat``)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+    return total / 1e9
+
+
+def children(pid: int) -> list[int]:
+    """Direct child processes (the image workers of a gateway), whichever of its threads started them."""
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                out += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+    return out
+
+
+def psi_cpu_some_s() -> float:
+    """Host CPU pressure: seconds in which some runnable task waited for a CPU (/proc/pressure/cpu)."""
+    try:
+        return int(Path("/proc/pressure/cpu").read_text().splitlines()[0].rsplit("total=", 1)[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def contention(pid: int) -> dict[str, float]:
+    """Counters to diff over the flood: the gateway's and its workers' run-queue wait and CPU, host PSI."""
+    workers = children(pid)
+    return {
+        "gateway_runqueue_wait_s": sched_wait_s(pid),
+        "workers_runqueue_wait_s": sum(sched_wait_s(w) for w in workers),
+        "gateway_cpu_s": cpu_s(pid),
+        "workers_cpu_s": sum(cpu_s(w) for w in workers),
+        "host_cpu_pressure_s": psi_cpu_some_s(),
+        "t": time.perf_counter(),
+    }
+
+
 async def flood(
-    url: str, image_body: bytes, text_body: bytes, seconds: float, concurrency: int
+    url: str, image_body: bytes, text_body: bytes, seconds: float, concurrency: int, gateway_pid: int = 0
 ) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     # idle baseline
@@ -278,7 +327,9 @@ async def flood(
 
         proc, recv = probes(url, text_body, seconds)
         start = time.perf_counter()
+        c0 = contention(gateway_pid)
         await asyncio.gather(*(client() for _ in range(concurrency)))
+        c1 = contention(gateway_pid)
         elapsed = time.perf_counter() - start
     flood_h, flood_t = await loop.run_in_executor(None, recv.recv)
     proc.join()
@@ -300,6 +351,15 @@ async def flood(
         "text_flood_p99_ms": pct(flood_t, 99) * 1000,
         "text_added_p99_ms": (pct(flood_t, 99) - idle_t_med) * 1000,
         "probes_during_flood": len(flood_h),
+        "healthz_flood_max_ms": max(flood_h, default=float("nan")) * 1000,
+        "text_flood_max_ms": max(flood_t, default=float("nan")) * 1000,
+        # per second of flood: run-queue waits and CPU (cores) of the gateway process and its workers,
+        # and the share of time some task on the host waited for a CPU
+        "per_s": {
+            k.removesuffix("_s"): round((c1[k] - c0[k]) / max(c1["t"] - c0["t"], 1e-6), 3)
+            for k in c0
+            if k != "t"
+        },
     }
 
 
@@ -327,7 +387,7 @@ def run_gateway_mode(
     try:
         url = gw.wait()
         time.sleep(1.0)  # workers import their libraries
-        result = asyncio.run(flood(url, image_body, text_body, args.seconds, args.concurrency))
+        result = asyncio.run(flood(url, image_body, text_body, args.seconds, args.concurrency, gw.proc.pid))
     finally:
         gw.stop()
     result["mode"] = mode
@@ -348,6 +408,7 @@ def main() -> None:
     parser.add_argument("--worker-nice", type=int, default=5, help="multimodal.worker_nice (pool mode)")
     parser.add_argument("--extra-path", default=None, help="extra sys.path entry (e.g. opencv/pyvips)")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--modes", default="naive,pool", help="gateway modes to run, in order")
     args = parser.parse_args()
     if args.extra_path:
         sys.path.insert(0, args.extra_path)
@@ -401,7 +462,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 results = [
                     run_gateway_mode(mode, urls, image_body, text_body, args, Path(tmp))
-                    for mode in ("naive", "pool")
+                    for mode in args.modes.split(",")
                 ]
         finally:
             for e in engines:
@@ -409,9 +470,11 @@ def main() -> None:
         out["gateway"] = results
         for r in results:
             print(json.dumps(r), flush=True)
-        naive, pool = results
-        out["speedup"] = pool["image_rps"] / naive["image_rps"] if naive["image_rps"] else float("inf")
-        print(json.dumps({"speedup_pool_vs_naive": out["speedup"]}), flush=True)
+        by_mode = {r["mode"]: r for r in results}
+        if "naive" in by_mode and "pool" in by_mode:
+            naive, pool = by_mode["naive"], by_mode["pool"]
+            out["speedup"] = pool["image_rps"] / naive["image_rps"] if naive["image_rps"] else float("inf")
+            print(json.dumps({"speedup_pool_vs_naive": out["speedup"]}), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
 

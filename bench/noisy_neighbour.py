@@ -23,9 +23,19 @@ Engine and cost model (chosen so the 2-core machine, not the fleet, is never the
   ``--free-max-tokens`` 1536 output tokens, not streamed) so 10x the capacity in MU is only ~80 req/s and
   the load generator and gateway stay cheap (the price: free's requests take ~30 s, which the run awaits).
 
-The bench also samples each engine's running/waiting requests (``/admin/stats``) and the CPU used by the
-gateway and engines per phase, and lists gold's slowest requests with their send times, to tell queueing in
-the engine from host stalls.
+Clients: gold's requests are sent and timed by this process; free's flood comes from a child process
+(``FloodProcess``), as a real neighbour's traffic comes from another client, so that building, sending and
+reading ~80 requests/s never delays the event loop that timestamps gold's first chunk
+(``--same-process-flood``: the old single-loop design). The deployment has ``engine_priority: true`` (the
+tenant's class goes to the engine's ``priority`` field, as with vLLM ``--scheduling-policy priority``;
+``--no-engine-priority`` turns it off).
+
+The bench also samples each engine's running/waiting requests (``/admin/stats``), the CPU used by the
+gateway and engines per phase, and every 100 ms this process's event-loop lag, the gateway's ``/healthz``
+latency, the host's CPU pressure (``/proc/pressure/cpu``) and the run-queue wait (``/proc/PID/schedstat``:
+time runnable but not running) of the gateway, the engines and the load generator; it lists gold's slowest
+requests with what those samples showed during each one, to tell queueing in the engine or the gateway from
+a host short of CPU.
 
 Run: ``.venv/bin/python bench/noisy_neighbour.py --out bench/results/noisy_neighbour.json``
 (``--phase-s 30`` per phase; about 100 s in all; exit status 0 only when every target is met).
@@ -90,6 +100,8 @@ class BenchParams:
     best_effort_max_utilization: float | None = None  # None: the config default
     drain_timeout_s: float = 60.0
     seed: int = 1
+    flood_process: bool = True  # free's client in its own process (False: one client loop for both)
+    engine_priority: bool = True  # deployments' engine_priority: gold's class goes to the engine
 
 
 @dataclass
@@ -288,6 +300,122 @@ async def open_loop(
         task.add_done_callback(tasks.discard)
 
 
+def sched_wait_s(pid: int) -> float:
+    """Seconds the process's threads have waited on a run queue (runnable, not running): Linux
+    ``/proc/PID/task/*/schedstat`` field 2; 0 elsewhere. Its growth is CPU contention, not work."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tasks:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+    return total / 1e9
+
+
+def psi_cpu_some_s() -> float:
+    """Host CPU pressure: seconds in which some runnable task waited for a CPU (/proc/pressure/cpu)."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+        return int(line.rsplit("total=", 1)[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+async def sample_system(
+    session: aiohttp.ClientSession, url: str, pids: dict[str, Any], phase: list[str], run: Run
+) -> None:
+    """Every 100 ms: this process's event-loop lag, the gateway's ``/healthz`` latency, host CPU pressure
+    and the run-queue wait of the gateway, the engines and this load generator. One row per sample in
+    ``run.extra["samples"]``: (t, phase, loop_lag_ms, healthz_ms, psi_share, gateway_wait_ms,
+    engines_wait_ms, loadgen_wait_ms), the waits and the pressure over the previous interval."""
+    rows: list[tuple[Any, ...]] = []
+    run.extra["samples"] = rows
+    loop = asyncio.get_running_loop()
+    me = os.getpid()
+
+    def waits() -> tuple[float, float, float, float]:
+        return (
+            psi_cpu_some_s(),
+            sched_wait_s(pids["gateway"]),
+            sum(sched_wait_s(e) for e in pids["engines"]),
+            sched_wait_s(me),
+        )
+
+    prev, prev_t = waits(), loop.time()
+    interval = 0.1
+    while True:
+        due = loop.time() + interval
+        await asyncio.sleep(interval)
+        now = loop.time()
+        lag_ms = max(0.0, now - due) * 1000
+        t = time.perf_counter()
+        try:
+            async with session.get(url + "/healthz") as resp:
+                await resp.read()
+            healthz_ms: float | None = (time.perf_counter() - t) * 1000
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            healthz_ms = None
+        cur, cur_t = waits(), loop.time()
+        dt = max(cur_t - prev_t, 1e-6)
+        rows.append(
+            (
+                round(time.perf_counter(), 4),
+                phase[0],
+                round(lag_ms, 2),
+                None if healthz_ms is None else round(healthz_ms, 2),
+                round((cur[0] - prev[0]) / dt, 3),
+                round((cur[1] - prev[1]) * 1000, 2),
+                round((cur[2] - prev[2]) * 1000, 2),
+                round((cur[3] - prev[3]) * 1000, 2),
+            )
+        )
+        prev, prev_t = cur, cur_t
+
+
+def _system_summary(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """Per phase: loop lag and /healthz p50/p99/max, mean CPU pressure, run-queue wait per second."""
+    out: dict[str, Any] = {}
+    for phase in ("A", "B"):
+        sel = [r for r in rows if r[1] == phase]
+        if not sel:
+            continue
+        lag = [r[2] for r in sel]
+        hz = [r[3] for r in sel if r[3] is not None]
+        span = max(sel[-1][0] - sel[0][0], 1e-6)
+        out[phase] = {
+            "samples": len(sel),
+            "loadgen_loop_lag_ms_p50_p99_max": [quantile(lag, 0.5), quantile(lag, 0.99), max(lag)],
+            "gateway_healthz_ms_p50_p99_max": [quantile(hz, 0.5), quantile(hz, 0.99), max(hz, default=None)],
+            "host_cpu_pressure_mean": round(sum(r[4] for r in sel) / len(sel), 3),
+            "runqueue_wait_ms_per_s": {
+                "gateway": round(sum(r[5] for r in sel) / span, 1),
+                "engines": round(sum(r[6] for r in sel) / span, 1),
+                "loadgen": round(sum(r[7] for r in sel) / span, 1),
+            },
+        }
+    return out
+
+
+def _around(rows: list[tuple[Any, ...]], start: float, end: float) -> dict[str, Any]:
+    """What the system samples say about one request's lifetime [start, end] (perf_counter seconds)."""
+    sel = [r for r in rows if start <= r[0] <= end + 0.1]
+    if not sel:
+        return {}
+    hz = [r[3] for r in sel if r[3] is not None]
+    return {
+        "loop_lag_max_ms": max(r[2] for r in sel),
+        "healthz_max_ms": max(hz, default=None),
+        "cpu_pressure_max": max(r[4] for r in sel),
+        "runqueue_wait_ms": {
+            "gateway": round(sum(r[5] for r in sel), 1),
+            "engines": round(sum(r[6] for r in sel), 1),
+            "loadgen": round(sum(r[7] for r in sel), 1),
+        },
+    }
+
+
 async def watch_engines(
     session: aiohttp.ClientSession, urls: Sequence[str], phase: list[str], run: Run
 ) -> None:
@@ -340,8 +468,14 @@ def summarize(run: Run) -> dict[str, Any]:
         }
         t0 = min((o.sent_s for o in gold), default=0.0)
         slowest = sorted((o for o in gold if o.ttft_s is not None), key=lambda o: -(o.ttft_s or 0.0))[:5]
+        rows = run.extra.get("samples") or []
         phases[phase]["gold_slowest"] = [
-            {"at_s": round(o.sent_s - t0, 2), "ttft_ms": round((o.ttft_s or 0.0) * 1000, 1)} for o in slowest
+            {
+                "at_s": round(o.sent_s - t0, 2),
+                "ttft_ms": round((o.ttft_s or 0.0) * 1000, 1),
+                **_around(rows, o.sent_s, o.sent_s + (o.ttft_s or 0.0)),
+            }
+            for o in slowest
         ]
     free = [o for o in run.outcomes if o.tenant == "free"]
     phases["B"]["free_sent"] = run.sent.get("free-B", 0)
@@ -368,7 +502,8 @@ def summarize(run: Run) -> dict[str, Any]:
     res["requests_with_outcome"] = len(run.outcomes)
     res["client_errors"] = sum(1 for o in run.outcomes if o.status == 0)
     res["nothing_lost"] = sent_total == len(run.outcomes) and res["client_errors"] == 0
-    res.update(run.extra)
+    res.update({k: v for k, v in run.extra.items() if k != "samples"})
+    res["system"] = _system_summary(run.extra.get("samples") or [])
     return res
 
 
@@ -407,6 +542,7 @@ async def run_benchmark(p: BenchParams, workdir: Path) -> dict[str, Any]:
                     "capacity_mu_per_min": p.capacity_mu_per_min,
                     "cost_profile": str(cost_path),
                     "routing": {"policy": "least_requests"},
+                    "engine_priority": p.engine_priority,
                     "replicas": [{"name": f"r{i}", "url": u} for i, u in enumerate(urls)],
                 }
             ],
@@ -485,6 +621,11 @@ async def _drive(
             run.sent["free-B"] = run.sent.get("free-B", 0) + 1
             return free_request(session, url, i, p, "B", run)
 
+        flood: FloodProcess | None = None
+        if p.flood_process:  # free's client in its own process, ready before phase A starts
+            flood = FloodProcess(url, p, free_rate)
+            await flood.wait_ready()
+
         phase = ["A"]
         pids = pids or {"gateway": 0, "engines": []}
 
@@ -493,14 +634,19 @@ async def _drive(
 
         cpu_a, t_a = cpu(), time.perf_counter()
         watcher = asyncio.ensure_future(watch_engines(session, engine_urls, phase, run))
+        sampler = asyncio.ensure_future(sample_system(session, url, pids, phase, run))
         await open_loop(gold("A"), gold_rate, p.phase_s, tasks, poisson=False, rng=rng, counter=counter)
         await asyncio.gather(*list(tasks))  # phase A's stragglers finish before B starts
         cpu_b, t_b = cpu(), time.perf_counter()
         phase[0] = "B"
-        await asyncio.gather(
-            open_loop(gold("B"), gold_rate, p.phase_s, tasks, poisson=False, rng=rng, counter=counter),
-            open_loop(free, free_rate, p.phase_s, tasks, poisson=True, rng=rng, counter=counter),
-        )
+        if flood is not None:
+            flood.go()
+            await open_loop(gold("B"), gold_rate, p.phase_s, tasks, poisson=False, rng=rng, counter=counter)
+        else:
+            await asyncio.gather(
+                open_loop(gold("B"), gold_rate, p.phase_s, tasks, poisson=False, rng=rng, counter=counter),
+                open_loop(free, free_rate, p.phase_s, tasks, poisson=True, rng=rng, counter=counter),
+            )
         cpu_e, t_e = cpu(), time.perf_counter()
         run.extra["process_cpu_share"] = {
             "A": {
@@ -519,9 +665,95 @@ async def _drive(
         for task in list(tasks):  # never expected: count it as a lost request rather than hang
             task.cancel()
         watcher.cancel()
+        sampler.cancel()
+        if flood is not None:
+            result = await flood.result(p.drain_timeout_s + 30)
+            run.sent["free-B"] = result["sent"]
+            run.outcomes += [
+                Outcome("free", "B", st, error=err, tier=tier) for st, err, tier in result["outcomes"]
+            ]
+            run.extra["flood_process_cpu_s"] = result["cpu_s"]
     cpu1 = os.times()
     run.extra["loadgen_cpu_s"] = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     return summarize(run)
+
+
+class FloodProcess:
+    """free's load generator in a child process (``--flood-child``): a separate client, like a real
+    neighbour's, so that the flood's client-side work never delays gold's TTFT measurement. Protocol on
+    the child's stdin/stdout: it prints ``ready`` once connected, starts on ``go``, and prints one JSON
+    line with every outcome when all its requests have answered."""
+
+    def __init__(self, url: str, p: BenchParams, rate_per_s: float) -> None:
+        spec = json.dumps({"url": url, "params": asdict(p), "rate": rate_per_s})
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--flood-child", spec],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+
+    async def _line(self, timeout_s: float) -> str:
+        assert self.proc.stdout is not None
+        loop = asyncio.get_running_loop()
+        line = await asyncio.wait_for(loop.run_in_executor(None, self.proc.stdout.readline), timeout_s)
+        if not line:
+            raise RuntimeError(f"the flood process exited early (status {self.proc.poll()})")
+        return line
+
+    async def wait_ready(self) -> None:
+        if (await self._line(60)).strip() != "ready":
+            raise RuntimeError("the flood process did not start")
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    async def result(self, timeout_s: float) -> dict[str, Any]:
+        try:
+            res: dict[str, Any] = json.loads(await self._line(timeout_s))
+            return res
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            self.proc.wait(5)
+
+
+async def flood_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """The child side of ``FloodProcess``: free's Poisson open loop for one phase, all responses awaited."""
+    p = BenchParams(**spec["params"])
+    url = spec["url"]
+    run = Run(p)
+    tasks: set[asyncio.Task[None]] = set()
+    rng = random.Random(p.seed)
+    counter = [0]
+    timeout = aiohttp.ClientTimeout(total=p.drain_timeout_s + 120)
+    cpu0 = os.times()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+        async with session.get(url + "/healthz") as resp:  # one warm connection
+            await resp.read()
+        print("ready", flush=True)
+        loop = asyncio.get_running_loop()
+        if not (await loop.run_in_executor(None, sys.stdin.readline)).strip():
+            return {"sent": 0, "outcomes": [], "cpu_s": 0.0}  # the parent went away before "go"
+
+        def free(i: int) -> Any:
+            run.sent["free-B"] = run.sent.get("free-B", 0) + 1
+            return free_request(session, url, i, p, "B", run)
+
+        await open_loop(free, spec["rate"], p.phase_s, tasks, poisson=True, rng=rng, counter=counter)
+        if tasks:
+            await asyncio.wait(list(tasks), timeout=p.drain_timeout_s)
+        for task in list(tasks):
+            task.cancel()
+    cpu1 = os.times()
+    return {
+        "sent": run.sent.get("free-B", 0),
+        "outcomes": [(o.status, o.error, o.tier) for o in run.outcomes],
+        "cpu_s": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
+    }
 
 
 def report(res: dict[str, Any]) -> str:
@@ -551,7 +783,20 @@ def report(res: dict[str, Any]) -> str:
         f"engine queues (max running / max waiting / samples with waiting > 0): {res.get('engine_peaks')}",
         f"CPU used (cores) by phase: {res.get('process_cpu_share')}",
     ]
+    for phase, sysinfo in (res.get("system") or {}).items():
+        lines.append(f"system {phase}: {sysinfo}")
+    for phase in ("A", "B"):
+        for slow in res["phases"][phase].get("gold_slowest", []):
+            lines.append(f"slowest gold {phase}: {slow}")
     return "\n".join(lines)
+
+
+def _run_loop(coro: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -569,7 +814,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--free-max-tokens", type=int, default=BenchParams.free_max_tokens)
     ap.add_argument("--seed", type=int, default=BenchParams.seed)
     ap.add_argument("--out", type=Path, default=None, help="write the JSON summary here")
+    ap.add_argument(
+        "--same-process-flood",
+        action="store_true",
+        help="send free's flood from the same client event loop that times gold (the old design)",
+    )
+    ap.add_argument(
+        "--no-engine-priority", action="store_true", help="do not forward gold's class to the engines"
+    )
+    ap.add_argument("--flood-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.flood_child is not None:  # internal: FloodProcess's child
+        out = _run_loop(flood_child(json.loads(args.flood_child)))
+        print(json.dumps(out), flush=True)
+        return 0
     p = BenchParams(
         engines=args.engines,
         phase_s=args.phase_s,
@@ -583,14 +841,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         gold_prompt_tokens=args.gold_prompt_tokens,
         free_max_tokens=args.free_max_tokens,
         seed=args.seed,
+        flood_process=not args.same_process_flood,
+        engine_priority=not args.no_engine_priority,
     )
     with tempfile.TemporaryDirectory(prefix="fleetgate-nn-") as tmp:
-        try:
-            import uvloop
-
-            res = uvloop.run(run_benchmark(p, Path(tmp)))
-        except ImportError:  # pragma: no cover
-            res = asyncio.run(run_benchmark(p, Path(tmp)))
+        res = _run_loop(run_benchmark(p, Path(tmp)))
     res["date"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     res["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f}"
     print(report(res))

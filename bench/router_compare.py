@@ -71,6 +71,29 @@ ENGINE_PROFILE = {
     }
 }
 
+
+def engine_facts(time_scale: float) -> dict[str, Any]:
+    """What an operator tells fleetgate's policy about these engines (docs/routing.md, "Parameters").
+
+    ``cache_tokens_per_replica``: the engines' prefix-cache capacity; ``prefill_tokens_per_s``: their
+    prefill throughput in wall-clock tokens per second (one full chunk of ``max_num_batched_tokens`` per
+    iteration, iteration overhead included, at the engines' ``--time-scale``). The gateway's default cost
+    profile knows neither (its MU rate says 1,667 prefill tokens/s; these engines do about 2,470).
+    """
+    from fleetgate.simengine.perfmodel import PerfParams
+
+    perf = PerfParams.from_mapping(ENGINE_PROFILE["perf"])
+    facts: dict[str, Any] = {
+        "cache_tokens_per_replica": (perf.prefix_cache_blocks or 0) * perf.block_tokens
+        or perf.kv_capacity_tokens
+    }
+    chunk = perf.max_num_batched_tokens
+    if time_scale > 0 and chunk:
+        step = perf.step_overhead_s + chunk * perf.prefill_s_per_token
+        facts["prefill_tokens_per_s"] = round(chunk / (step * time_scale), 1)
+    return facts
+
+
 FLEETGATE_POLICIES = ("fleetgate", "cache_aware", "p2c", "least_requests", "round_robin", "random")
 EXTERNAL = ("sglang-router:cache_aware", "vllm-router:cache_aware", "vllm-router:round_robin")
 ALL_CONTENDERS = tuple(f"fleetgate:{p}" for p in FLEETGATE_POLICIES) + EXTERNAL
@@ -515,6 +538,11 @@ def main() -> None:
         default="fleetgate:fleetgate,fleetgate:round_robin,sglang-router:cache_aware,vllm-router:cache_aware",
     )
     ap.add_argument("--policy-params", default="{}", help='JSON {"policy": {params}} for fleetgate policies.')
+    ap.add_argument(
+        "--no-engine-facts",
+        action="store_true",
+        help="Do not pass the engines' cache size and prefill rate to fleetgate (see engine_facts).",
+    )
     ap.add_argument("--no-pin", action="store_true")
     ap.add_argument("--quick", action="store_true", help="Smoke run: 240 requests, no calibration.")
     ap.add_argument("--out", type=Path, default=None, help="Write all results as JSON here.")
@@ -549,6 +577,9 @@ def main() -> None:
         router_cpus=router_cpus,
         policy_params=json.loads(args.policy_params),
     )
+    if not args.no_engine_facts:
+        facts = engine_facts(args.engine_time_scale)
+        setup.policy_params["fleetgate"] = {**facts, **setup.policy_params.get("fleetgate", {})}
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -598,6 +629,7 @@ def main() -> None:
         "replicas": args.replicas,
         "engine_time_scale": args.engine_time_scale,
         "engine_profile": ENGINE_PROFILE["perf"],
+        "policy_params": setup.policy_params,
         "tokens_scale": args.tokens_scale,
         "pinning": {"engines": sorted(engine_cpus or []), "routers_and_client": sorted(router_cpus or [])},
         "calibration": calibration,

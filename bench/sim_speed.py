@@ -7,6 +7,10 @@ Cases (issue 5's targets):
 
 Usage: .venv/bin/python bench/sim_speed.py [--case mooncake,large,fluid] [--policy fleetgate]
        [--large-requests 1000000] [--profile-top 0]   (profile-top N: cProfile, print the N top functions)
+
+On a shared machine run it under ``nice`` and read ``cpu_s_incl_loading`` (process CPU seconds: the wall time
+on an otherwise idle core) next to ``load_avg_1m``; py-spy (``py-spy record -f raw -- python ...``) gives a
+profile without cProfile's per-call overhead, which inflates the engine model's many small calls.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import platform
 import pstats
+import resource
 import sys
 import time
 from pathlib import Path
@@ -66,6 +72,7 @@ def main() -> int:
     results = []
     for name in args.case.split(","):
         opts = _case(name.strip(), args)
+        load0 = os.getloadavg()[0]
         t0 = time.perf_counter()
         c0 = time.process_time()
         if args.profile_top:
@@ -90,6 +97,10 @@ def main() -> int:
             "requests_per_cpu_s": round(summary["requests"] / cpu),
             "ttft_mean_s": summary["ttft_mean_s"],
             "ttft_p95_s": summary["ttft_p95_s"],
+            # The machine is shared: its 1-minute load average before and after says how much of a core the
+            # run got (wall / cpu_s is the other way to read it).
+            "load_avg_1m": [round(load0, 1), round(os.getloadavg()[0], 1)],
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         }
         results.append(row)
         print(json.dumps(row), flush=True)

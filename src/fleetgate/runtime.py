@@ -95,6 +95,9 @@ def build_gateway(
     client = UpstreamClient(connect_timeout_s=gw.connect_timeout_s)
     metrics = GatewayMetrics(fleet)
     gate = admission if admission is not None else build_admission(cfg, metrics.registry)
+    use_live = getattr(gate, "use_replica_capacity", None)
+    if callable(use_live):  # best-effort follows the live fleet: health, scaling, the engines' own queues
+        use_live(lambda m: fleet.deployments[m].snapshots() if m in fleet.deployments else None)
     images = build_images(cfg)
     proxy = Proxy(
         config=gw,

@@ -10,6 +10,14 @@ How mixing is detected: every request carries a nonce in its prompt and in ``x-r
 engine's output text is a deterministic function of the rendered prompt (``simengine.textgen``), so the
 harness recomputes the exact text each request must get; a response for another request has a different
 start word (49 in 50) and, since every request asks for a different ``max_tokens``, usually another length.
+
+The real llama.cpp replica (``llama-server`` on the project's tiny random-weight model, when built) cannot
+give a text the harness computes from the prompt, so every request also carries a per-request *stamp*: a
+``logit_bias`` of +100 on one vocabulary token picked from the nonce (the simulated engine ignores the
+field). llama-server still runs the full model for every token, but the sampler then always picks the
+stamp token, so a llama-served answer is exactly ``max_tokens`` copies of that token's text: the harness
+knows it too (different requests get different, non-periodic pieces, so an answer cannot pass for another
+request's). The gateways' access logs say which replica served each request.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +46,7 @@ import orjson
 import yaml
 
 from fleetgate.core.tokenize import count_tokens, render_chat_prompt
+from fleetgate.engines.llama import EngineProcess, LlamaServerConfig, llama_server, missing_llama_parts
 from fleetgate.simengine.textgen import start_index, tokens_text
 from integration_tools import integration_tools
 
@@ -43,6 +54,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 MODEL = "chaos-model"
 KEYS = {"alpha": "sk-chaos-alpha-7f3e", "capped": "sk-chaos-capped-91ab", "admin": "sk-chaos-admin-c0de"}
+LLAMA = "llama"  # the real llama.cpp replica's name in the gateways' config, metrics and access logs
+STAMP_BIAS = 100.0
 
 
 ServerProcess = integration_tools().ServerProcess
@@ -161,6 +174,84 @@ class Engine:
             self.proc.kill()
 
 
+class LlamaReplica:
+    """The real llama.cpp replica: ``llama-server`` (1 thread, 4 slots, end-of-generation disabled so that
+    every answer has exactly ``max_tokens`` tokens) on a fixed port, restartable there.
+
+    ``start`` and ``restart`` fork from the calling thread, which must be the long-lived event-loop thread
+    (the child gets ``PR_SET_PDEATHSIG``, which fires when the forking thread exits)."""
+
+    def __init__(self, log_path: Path | None = None) -> None:
+        missing = missing_llama_parts()
+        if missing:
+            raise RuntimeError("real llama.cpp engine not built: " + "; ".join(missing))
+        self.name = LLAMA
+        self.port = free_port()
+        cfg = LlamaServerConfig(
+            port=self.port, alias=MODEL, parallel=4, ctx_size=4096, threads=1, ignore_eos=True
+        )
+        self.proc: EngineProcess = llama_server(cfg, log_path=log_path)
+        self.restarts = 0
+        self.proc.start()
+        self.proc.wait_ready(timeout=60)
+
+    @property
+    def url(self) -> str:
+        return self.proc.url
+
+    def alive(self) -> bool:
+        return self.proc.running()
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    async def wait_busy(self, limit_s: float = 5.0) -> int:
+        """Wait until llama-server is working on a request (``/slots``), so that a fault lands mid-request;
+        returns the busy slots (0 when none got busy within ``limit_s``)."""
+        deadline = time.monotonic() + limit_s
+        async with aiohttp.ClientSession() as s:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(aiohttp.ClientError, OSError, ValueError):
+                    async with s.get(self.url + "/slots") as r:
+                        busy = sum(1 for slot in await r.json() if slot.get("is_processing"))
+                    if busy:
+                        return busy
+                await asyncio.sleep(0.005)
+        return 0
+
+    async def restart(self) -> float:
+        """Kill (if still there) and start again on the same port; seconds until ``/health`` is 200."""
+        seconds = await self.proc.restart_async(limit_s=60.0)
+        self.restarts += 1
+        return seconds
+
+    def stamp_table(self, want: int = 256) -> list[tuple[int, str]]:
+        """``(token id, text)`` of single vocabulary tokens usable as stamps: ASCII letters or digits only
+        (streamed one token per chunk, untouched by any output parsing), each *primitive* (not a repetition
+        of a shorter string) and all distinct, so that ``a * n == b * m`` implies ``a == b``."""
+        out: list[tuple[int, str]] = []
+        seen: set[str] = set()
+        for tid in range(3, 3072):  # ids 0-2: the tiny model's special tokens; 3,072 tokens in its vocabulary
+            req = urllib.request.Request(
+                self.url + "/detokenize",
+                data=orjson.dumps({"tokens": [tid]}),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                piece = str(orjson.loads(resp.read()).get("content", ""))
+            if not (piece.isascii() and piece.isalnum() and len(piece) >= 2) or piece in seen:
+                continue
+            if piece in (piece + piece)[1:-1]:  # periodic, e.g. "abab"
+                continue
+            seen.add(piece)
+            out.append((tid, piece))
+            if len(out) >= want:
+                break
+        if len(out) < 16:
+            raise RuntimeError(f"only {len(out)} stamp tokens found in the llama-server vocabulary")
+        return out
+
+
 class Gateway:
     """``fleetgate serve --config`` with its output captured (for the key-leak checks too)."""
 
@@ -180,7 +271,10 @@ def gateway_config(
     capped_rpm: float,
     first_byte_timeout_s: float = 2.0,
     stream_idle_timeout_s: float = 1.5,
+    extra_replicas: Sequence[tuple[str, str]] = (),
 ) -> Path:
+    """The gateways' config; ``extra_replicas`` are ``(name, url)`` of replicas beside the simulated engines
+    (the real llama.cpp one)."""
     cfg: dict[str, Any] = {
         "gateway": {
             "host": "127.0.0.1",
@@ -197,7 +291,8 @@ def gateway_config(
                 "model": MODEL,
                 "capacity_mu_per_min": 6000.0,
                 "routing": {"policy": "least_requests"},
-                "replicas": [{"name": f"e{e.index}", "url": e.url} for e in engines],
+                "replicas": [{"name": f"e{e.index}", "url": e.url} for e in engines]
+                + [{"name": name, "url": url} for name, url in extra_replicas],
             }
         ],
         "tenants": [
@@ -253,13 +348,22 @@ class Entry:
     #: client retried (as the OpenAI SDK does), and ``check`` proves from that gateway's access log that the
     #: broken attempt never ran (else it would be a duplicate)
     reset_on: list[str] = field(default_factory=list)
+    #: ``(token id, token text)`` sent as ``logit_bias`` +100 when the fleet has the llama.cpp replica
+    stamp: tuple[int, str] | None = None
+    #: the replica that answered, from the gateways' access logs (filled in by ``check``)
+    replica: str | None = None
 
     @property
     def messages(self) -> list[dict[str, str]]:
         return [{"role": "user", "content": f"chaos request {self.nonce}: tell me about rivers"}]
 
     def expected_text(self, tokens: int) -> str:
+        """What the simulated engine answers to this request."""
         return tokens_text(start_index(render_chat_prompt(self.messages)), 0, tokens)
+
+    def expected_llama_text(self, tokens: int) -> str | None:
+        """What the llama.cpp replica answers to this request: its stamp token, ``tokens`` times."""
+        return None if self.stamp is None else self.stamp[1] * tokens
 
 
 class Front:
@@ -293,8 +397,10 @@ class LoadGen:
         stream_share: float = 0.6,
         think_s: float = 0.0,
         rate: float | None = None,
+        stamps: Sequence[tuple[int, str]] = (),
     ) -> None:
         self.front = front
+        self.stamps = list(stamps)
         self.total = total
         self.workers = workers
         self.deadline_s = deadline_s
@@ -325,6 +431,8 @@ class LoadGen:
             stream=self.rng.random() < self.stream_share,
             max_tokens=4 + i % 29,
         )
+        if self.stamps:  # picked from the nonce's random part, so neighbours rarely share a stamp
+            entry.stamp = self.stamps[zlib.crc32(entry.nonce.encode()) % len(self.stamps)]
         self.ledger.append(entry)
         return entry
 
@@ -355,6 +463,8 @@ class LoadGen:
         }
         if entry.stream:
             body["stream_options"] = {"include_usage": True}
+        if entry.stamp is not None:
+            body["logit_bias"] = {str(entry.stamp[0]): STAMP_BIAS}
         headers = {
             "Authorization": f"Bearer {KEYS[entry.tenant]}",
             "x-request-id": entry.nonce,
@@ -483,14 +593,23 @@ class Report:
     rate_limit_max_window: int
     rate_limit_allowed: int
     violations: list[str]
+    #: replica -> outcome -> requests (from the access logs; ``-`` when no gateway dispatched it)
+    by_replica: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: replica -> invariant breaches among the requests it answered
+    replica_violations: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted(self.error_kinds.items(), key=lambda kv: -kv[1]))
+        replicas = "; ".join(
+            f"{name}: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
+            for name, outcomes in sorted(self.by_replica.items())
+        )
         return (
             f"requests {self.total}: ok {self.ok}, explicit errors {self.errors}, lost {self.lost}, "
             f"hung {self.hung}, duplicated/mixed {self.duplicated_or_mixed}, silently truncated "
             f"{self.truncated}; capped tenant max admitted in a 60 s window {self.rate_limit_max_window} "
             f"(allowed {self.rate_limit_allowed}); errors by kind: {kinds or '-'}"
+            + (f"; by replica: {replicas}" if replicas else "")
         )
 
 
@@ -500,62 +619,109 @@ def _error_kind(entry: Entry) -> str:
     return " ".join(words[:6])
 
 
+def served_by(access_logs: dict[str, str]) -> dict[str, list[tuple[str, int]]]:
+    """Request id -> ``(replica, status)`` of every access-log line the gateways wrote for it (replica ``-``
+    when the request was answered without reaching one, e.g. a 429)."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for text in access_logs.values():
+        for line in text.splitlines():
+            if '"request_id"' not in line or '"replica"' not in line:
+                continue
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(rec, dict) or "status" not in rec:
+                continue
+            out.setdefault(str(rec["request_id"]), []).append(
+                (str(rec.get("replica") or "-"), int(rec["status"]))
+            )
+    return out
+
+
+def _entry_violations(e: Entry, access_logs: dict[str, str]) -> tuple[list[str], int, int]:
+    """The breaches of one request: (messages, how many are duplicates/mixing, how many truncations)."""
+    found: list[str] = []
+    mixed = truncated = 0
+    if e.outcome in ("lost", "hung", "pending"):
+        return [f"{e.nonce}: {e.outcome}: {e.error}"], 0, int("truncation" in e.error)
+    for url in e.reset_on:
+        if f'"request_id":"{e.nonce}"' in access_logs.get(url, ""):
+            mixed += 1
+            found.append(f"{e.nonce}: the attempt broken on {url} ran there too (duplicate)")
+    if e.echoed_id is not None and e.echoed_id != e.nonce:
+        mixed += 1
+        found.append(f"{e.nonce}: answered with x-request-id {e.echoed_id}")
+    if len(e.response_ids) > 1:
+        mixed += 1
+        found.append(f"{e.nonce}: chunks of several responses {sorted(e.response_ids)}")
+    # the exact answer this request must get: a llama.cpp answer is its stamp repeated, a simulated
+    # engine's the text computed from its prompt; when no access log names the replica, either will do
+    sim = e.expected_text(e.max_tokens)
+    llama = e.expected_llama_text(e.max_tokens)
+    if e.replica == LLAMA and llama is not None:
+        candidates = [llama]
+    elif e.replica is None and llama is not None:
+        candidates = [sim, llama]
+    else:
+        candidates = [sim]
+    if e.outcome == "ok":
+        if e.text not in candidates:
+            mixed += 1
+            found.append(
+                f"{e.nonce}: text from {e.replica} is not this request's "
+                f"({e.text[:40]!r} != {candidates[0][:40]!r})"
+            )
+        # tokens received: the simulated engine's text counts with the shared tokenizer; a stamped llama.cpp
+        # answer that equals its expected text has exactly max_tokens tokens
+        received = e.max_tokens if llama is not None and e.text == llama else count_tokens(e.text)
+        if e.completion_tokens != e.max_tokens or received != e.completion_tokens:
+            truncated += 1
+            found.append(
+                f"{e.nonce}: usage {e.completion_tokens} tokens, received {received}, asked {e.max_tokens}"
+            )
+        if e.finish_reason is None:
+            truncated += 1
+            found.append(f"{e.nonce}: no finish_reason")
+    elif e.text and not any(c.startswith(e.text) for c in candidates):
+        # an explicit mid-stream error: what arrived must still be this request's own prefix
+        mixed += 1
+        found.append(f"{e.nonce}: partial text from {e.replica} is not a prefix of this request's answer")
+    return found, mixed, truncated
+
+
 def check(
     ledger: Sequence[Entry], *, capped_rpm: float, capped_concurrency: int, access_logs: dict[str, str]
 ) -> Report:
     """Every invariant of the chaos run over the ledger; ``violations`` lists each breach.
 
-    ``access_logs``: gateway URL -> its output, to prove that a retried attempt never ran there."""
+    ``access_logs``: gateway URL -> its output, to prove that a retried attempt never ran there, and to
+    know which replica answered each request (a llama.cpp answer is checked against the request's stamp,
+    a simulated engine's against the text computed from its prompt)."""
     violations: list[str] = []
     counts = {"ok": 0, "error": 0, "lost": 0, "hung": 0, "pending": 0}
     mixed = truncated = 0
     kinds: dict[str, int] = {}
-    seen_ids: dict[str, str] = {}
+    lines = served_by(access_logs)
+    by_replica: dict[str, dict[str, int]] = {}
+    replica_violations: dict[str, int] = {}
     for e in ledger:
         counts[e.outcome] = counts.get(e.outcome, 0) + 1
-        if e.outcome in ("lost", "hung", "pending"):
-            violations.append(f"{e.nonce}: {e.outcome}: {e.error}")
-            if "truncation" in e.error:
-                truncated += 1
-            continue
-        for url in e.reset_on:
-            if f'"request_id":"{e.nonce}"' in access_logs.get(url, ""):
-                mixed += 1
-                violations.append(f"{e.nonce}: the attempt broken on {url} ran there too (duplicate)")
+        logged = lines.get(e.nonce, [])
+        if e.replica is None and logged:
+            same_status = [r for r, status in logged if status == e.status]
+            e.replica = (same_status or [r for r, _ in logged])[-1]
+        where = e.replica or "-"
+        outcomes = by_replica.setdefault(where, {})
+        outcomes[e.outcome] = outcomes.get(e.outcome, 0) + 1
         if e.outcome == "error":
             kinds[_error_kind(e)] = kinds.get(_error_kind(e), 0) + 1
-        if e.echoed_id is not None and e.echoed_id != e.nonce:
-            mixed += 1
-            violations.append(f"{e.nonce}: answered with x-request-id {e.echoed_id}")
-        if len(e.response_ids) > 1:
-            mixed += 1
-            violations.append(f"{e.nonce}: chunks of several responses {sorted(e.response_ids)}")
-        for rid in e.response_ids:
-            other = seen_ids.get(rid)
-            # engine ids restart with the process, so an id may repeat across restarts; the text check below
-            # is what proves the content belongs to this request
-            seen_ids[rid] = other or e.nonce
-        if e.outcome == "ok":
-            expected = e.expected_text(e.max_tokens)
-            if e.text != expected:
-                mixed += 1
-                violations.append(
-                    f"{e.nonce}: text is not this request's ({e.text[:40]!r} != {expected[:40]!r})"
-                )
-            if e.completion_tokens != e.max_tokens or count_tokens(e.text) != e.completion_tokens:
-                truncated += 1
-                violations.append(
-                    f"{e.nonce}: usage {e.completion_tokens} tokens, received {count_tokens(e.text)}, "
-                    f"asked {e.max_tokens}"
-                )
-            if e.finish_reason is None:
-                truncated += 1
-                violations.append(f"{e.nonce}: no finish_reason")
-        elif e.text:  # an explicit mid-stream error: what arrived must still be this request's own prefix
-            expected = e.expected_text(e.max_tokens)
-            if not expected.startswith(e.text):
-                mixed += 1
-                violations.append(f"{e.nonce}: partial text is not a prefix of this request's answer")
+        found, n_mixed, n_truncated = _entry_violations(e, access_logs)
+        mixed += n_mixed
+        truncated += n_truncated
+        if found:
+            violations.extend(found)
+            replica_violations[where] = replica_violations.get(where, 0) + len(found)
     # rate limit of the capped tenant: any 60 s window admits at most the limit plus one (burst_s 0); the
     # client sees send times, which trail admission by at most its own concurrency
     admitted = sorted(e.sent for e in ledger if e.tenant == "capped" and e.status == 200)
@@ -580,6 +746,8 @@ def check(
         rate_limit_max_window=worst,
         rate_limit_allowed=allowed,
         violations=violations,
+        by_replica=by_replica,
+        replica_violations=replica_violations,
     )
 
 
@@ -613,14 +781,38 @@ class Event:
     done: bool = False
 
 
+async def health_verdict(gateways: Sequence[Gateway], replica: str) -> str | None:
+    """``replica``'s health state as the first gateway that answers sees it (``None``: none answered)."""
+    for g in gateways:
+        if g.proc.proc.poll() is not None:
+            continue
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+            async with asyncio.timeout(2.0):
+                return (await fleet_health(g.url)).get(replica)
+    return None
+
+
 class Chaos:
     """Runs the scripted schedule against the fleet, keyed to the load's progress (machine-speed neutral)."""
 
-    def __init__(self, engines: list[Engine], redis: Redis, gateways: list[Gateway], load: LoadGen) -> None:
+    def __init__(
+        self,
+        engines: list[Engine],
+        redis: Redis,
+        gateways: list[Gateway],
+        load: LoadGen,
+        llama: LlamaReplica | None = None,
+        verdict_limit_s: float = 60.0,
+    ) -> None:
         self.engines = engines
         self.redis = redis
         self.gateways = gateways
         self.load = load
+        self.llama = llama
+        self.verdict_limit_s = verdict_limit_s
+        #: seconds from the llama.cpp replica's SIGSTOP to the gateways' ``unhealthy`` verdict
+        self.llama_verdict_s: float | None = None
+        self._llama_hang: asyncio.Task[None] | None = None
         self.log: list[str] = []
         self.tasks: list[asyncio.Task[None]] = []
         e = engines
@@ -641,10 +833,66 @@ class Chaos:
             (0.82, "e2 stall after 1 chunk", lambda: set_fault(e[2], "stall", 1)),
             (0.86, "e2 fault cleared", lambda: set_fault(e[2], "none")),
         ]
+        if llama is not None:  # the real llama.cpp replica: a hang, then a crash, both of the real process
+            self.schedule += [
+                (
+                    0.45,
+                    f"{LLAMA} SIGSTOP (hang; restarted once the gateways' health monitor calls it unhealthy)",
+                    self._hang_llama,
+                ),
+                (0.78, f"{LLAMA} SIGKILL (crash; restarted by the supervisor after 1 s)", self._crash_llama),
+            ]
+            self.schedule.sort(key=lambda item: item[0])
 
     async def _crash(self, engine: Engine) -> None:
         await set_fault(engine, "crash", 0)
         self.tasks.append(asyncio.create_task(restart_later(engine, 1.0)))
+
+    async def _hang_llama(self) -> None:
+        self._llama_hang = asyncio.create_task(self._hang_llama_until_verdict())
+        self.tasks.append(self._llama_hang)
+
+    async def _hang_llama_until_verdict(self) -> None:
+        """SIGSTOP the llama.cpp replica mid-request; the supervisor's liveness check reads the gateways'
+        health verdict (the role a kubelet plays with ``/livez``): the frozen process looks alive, only the
+        gateways' monitor can tell that it hangs. On ``unhealthy`` it is killed and started again."""
+        assert self.llama is not None
+        busy = await self.llama.wait_busy()
+        self.llama.proc.freeze()
+        frozen_at = time.monotonic()
+        self.log.append(f"   {LLAMA} frozen with {busy} request(s) in progress")
+        state: str | None = None
+        while time.monotonic() - frozen_at < self.verdict_limit_s:
+            state = await health_verdict(self.gateways, LLAMA)
+            if state == "unhealthy":
+                break
+            await asyncio.sleep(0.25)
+        waited = time.monotonic() - frozen_at
+        if state == "unhealthy":
+            self.llama_verdict_s = waited
+        else:
+            self.log.append(
+                f"   failed: no unhealthy verdict for {LLAMA} {waited:.1f} s after SIGSTOP ({state})"
+            )
+        restart_s = await self.llama.restart()
+        verdict = f"unhealthy {waited:.1f} s after SIGSTOP" if state == "unhealthy" else "no verdict"
+        self.log.append(f"   {LLAMA} {verdict}; killed and restarted, healthy in {restart_s:.2f} s")
+
+    async def _crash_llama(self) -> None:
+        self.tasks.append(asyncio.create_task(self._crash_llama_then_restart(1.0)))
+
+    async def _crash_llama_then_restart(self, delay_s: float) -> None:
+        assert self.llama is not None
+        if self._llama_hang is not None and not self._llama_hang.done():
+            # on a short run the crash comes before the hang was detected: crash it only once it serves again
+            await self._llama_hang
+            self.log.append(f"   {LLAMA} crash delayed until the hung replica was restarted")
+        busy = await self.llama.wait_busy()
+        self.llama.kill()  # SIGKILL to its process group
+        self.log.append(f"   {LLAMA} killed with {busy} request(s) in progress")
+        await asyncio.sleep(delay_s)
+        restart_s = await self.llama.restart()
+        self.log.append(f"   {LLAMA} restarted {delay_s:.0f} s after its crash, healthy in {restart_s:.2f} s")
 
     async def _redis_down(self) -> None:
         self.redis.stop()
@@ -722,6 +970,11 @@ class ChaosResult:
     gateway_a_exit: int | None
     failovers: int
     resets: int
+    #: whether the fleet had the real llama.cpp replica, how often the harness restarted it, and how long
+    #: the gateways' health monitor took to call the frozen one unhealthy
+    llama: bool = False
+    llama_restarts: int = 0
+    llama_verdict_s: float | None = None
 
 
 async def run_chaos(
@@ -734,24 +987,40 @@ async def run_chaos(
     time_scale: float = 0.01,
     capped_rpm: float = 120.0,
     deadline_s: float = 30.0,
+    llama: bool = False,
 ) -> ChaosResult:
-    """The whole scenario; always stops every process it started."""
+    """The whole scenario; always stops every process it started. ``llama``: add the real llama.cpp
+    replica (``llama-server``, must be built) to the fleet and its hang and crash to the schedule."""
     redis = Redis()
     fleet: list[Engine] = []
     gateways: list[Gateway] = []
+    real: LlamaReplica | None = None
     try:
         fleet = [Engine(i, time_scale) for i in range(engines)]
-        cfg = gateway_config(workdir / "chaos.yaml", fleet, redis.url, capped_rpm=capped_rpm)
+        extra: list[tuple[str, str]] = []
+        stamps: list[tuple[int, str]] = []
+        if llama:
+            real = LlamaReplica(log_path=workdir / "llama-server.log")
+            extra.append((LLAMA, real.url))
+            stamps = await asyncio.to_thread(real.stamp_table)
+        cfg = gateway_config(
+            workdir / "chaos.yaml", fleet, redis.url, capped_rpm=capped_rpm, extra_replicas=extra
+        )
         gateways = [Gateway(cfg, "gateway-a"), Gateway(cfg, "gateway-b")]
         load = LoadGen(
-            Front([g.url for g in gateways]), total=total, workers=workers, deadline_s=deadline_s, rate=rate
+            Front([g.url for g in gateways]),
+            total=total,
+            workers=workers,
+            deadline_s=deadline_s,
+            rate=rate,
+            stamps=stamps,
         )
-        chaos = Chaos(fleet, redis, gateways, load)
+        chaos = Chaos(fleet, redis, gateways, load, llama=real)
         t0 = time.monotonic()
         await asyncio.gather(load.run(), chaos.run())
         wall = time.monotonic() - t0
         await chaos.clear_all()
-        recovered, recovery_s, health = await wait_full_health(gateways[1].url, engines, 90.0)
+        recovered, recovery_s, health = await wait_full_health(gateways[1].url, engines + len(extra), 90.0)
         async with aiohttp.ClientSession() as s, s.get(gateways[1].url + "/metrics") as r:
             metrics_text = await r.text()
         with contextlib.suppress(Exception):
@@ -775,12 +1044,17 @@ async def run_chaos(
             a_exit,
             load.failovers,
             load.resets,
+            llama=real is not None,
+            llama_restarts=real.restarts if real is not None else 0,
+            llama_verdict_s=chaos.llama_verdict_s,
         )
     finally:
         for g in gateways:
             g.kill()
         for e in fleet:
             e.kill()
+        if real is not None:
+            real.proc.stop()
         redis.close()
 
 

@@ -1,37 +1,57 @@
-"""Chaos run: 4 simulated engines behind two gateways sharing Redis, under steady load, while a schedule
-injects HTTP 500s, slowness, mid-stream stalls, a hang, crashes, a Redis outage and a gateway SIGTERM.
+"""Chaos run: 4 simulated engines and one real llama.cpp replica behind two gateways sharing Redis, under
+steady load, while a schedule injects HTTP 500s, slowness, mid-stream stalls, hangs, crashes (of simulated
+engines and of the real ``llama-server`` process), a Redis outage and a gateway SIGTERM.
+
+One run serves both tests. The real replica joins the fleet when ``make real-engines`` has built the
+llama-server binary and the tiny model (``fleetgate.engines.llama.missing_llama_parts``); without them the run
+uses the simulated engines only and the llama.cpp test is skipped with that reason.
 
 CI variant: 2,000 requests at engine time scale 0.01 (about a minute or two on 2 cores). Long variant:
-``FLEETGATE_CHAOS_REQUESTS=10000 .venv/bin/pytest tests/chaos`` (or ``make soak``). See docs/reliability.md.
+``FLEETGATE_CHAOS_REQUESTS=10000 FLEETGATE_CHAOS_RATE=40 .venv/bin/pytest -s tests/chaos`` (or ``make
+soak``). See docs/reliability.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
-from pathlib import Path
 
 import pytest
-from chaos_ledger import KEYS, env_int, run_chaos
+from chaos_ledger import KEYS, LLAMA, ChaosResult, env_int, run_chaos
+
+from fleetgate.engines.llama import missing_llama_parts
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
     pytest.mark.timeout(900),
 ]
 
+LLAMA_MISSING = missing_llama_parts()
 
-async def test_chaos_no_request_lost_duplicated_or_truncated(tmp_path: Path) -> None:
+
+@pytest.fixture(scope="module")
+def chaos(tmp_path_factory: pytest.TempPathFactory) -> ChaosResult:
+    """The whole chaos scenario, run once for the module (the tests below read its ledger)."""
     total = env_int("FLEETGATE_CHAOS_REQUESTS", 2000)
-    result = await run_chaos(tmp_path, total=total, rate=float(env_int("FLEETGATE_CHAOS_RATE", 30)))
-    report = result.report
-    print("\n".join(result.log))
-    print(report.summary())
+    rate = float(env_int("FLEETGATE_CHAOS_RATE", 30))
+    workdir = tmp_path_factory.mktemp("chaos")
+    result = asyncio.run(run_chaos(workdir, total=total, rate=rate, llama=not LLAMA_MISSING))
+    print("\n" + "\n".join(result.log))
+    print(result.report.summary())
     print(
         f"wall {result.wall_s:.1f} s, recovered {result.recovered} in {result.recovery_s:.1f} s, "
         f"failovers {result.failovers}, retried resets {result.resets}, "
-        f"gateway A exit {result.gateway_a_exit}"
+        f"gateway A exit {result.gateway_a_exit}, llama.cpp replica {result.llama} "
+        f"(restarts {result.llama_restarts}, unhealthy verdict after SIGSTOP {result.llama_verdict_s})"
     )
+    return result
+
+
+def test_chaos_no_request_lost_duplicated_or_truncated(chaos: ChaosResult) -> None:
+    total = env_int("FLEETGATE_CHAOS_REQUESTS", 2000)
+    report = chaos.report
     assert report.total == total
-    assert not [line for line in result.log if "failed" in line or "not reached" in line], result.log
+    assert not [line for line in chaos.log if "failed" in line or "not reached" in line], chaos.log
     assert report.lost == 0 and report.hung == 0, report.violations[:20]
     assert report.duplicated_or_mixed == 0, report.violations[:20]
     assert report.truncated == 0, report.violations[:20]
@@ -39,9 +59,29 @@ async def test_chaos_no_request_lost_duplicated_or_truncated(tmp_path: Path) -> 
     assert report.rate_limit_max_window <= report.rate_limit_allowed
     assert report.ok >= total * 0.5, report.summary()  # faults cost some requests, never most of them
     # the fleet healed by itself: every replica healthy again and the surviving gateway ready
-    assert result.recovered, result.health
-    assert result.gateway_a_exit == 0  # the SIGTERMed gateway drained and exited cleanly
+    assert chaos.recovered, chaos.health
+    assert chaos.gateway_a_exit == 0  # the SIGTERMed gateway drained and exited cleanly
     # no API key in the gateways' logs or metrics, even while failing
     for key in KEYS.values():
-        assert key not in result.gateway_output
-        assert key not in result.metrics_text
+        assert key not in chaos.gateway_output
+        assert key not in chaos.metrics_text
+
+
+@pytest.mark.skipif(
+    bool(LLAMA_MISSING), reason="real llama.cpp engine not built: " + "; ".join(LLAMA_MISSING)
+)
+def test_real_llama_replica_served_and_survived_hang_and_crash(chaos: ChaosResult) -> None:
+    """The llama.cpp replica took part: it answered a share of the load with the exact text each request
+    must get, its hang was called unhealthy by the gateways' health monitor (which triggered the restart),
+    its crash was restarted, and it was healthy again at the end."""
+    assert chaos.llama
+    report = chaos.report
+    served = report.by_replica.get(LLAMA, {})
+    assert served.get("ok", 0) >= report.total * 0.02, report.summary()  # a real share of the load
+    assert served.get("lost", 0) == 0 and served.get("hung", 0) == 0, report.violations[:20]
+    assert report.replica_violations.get(LLAMA, 0) == 0, [v for v in report.violations][:20]
+    assert any(f"{LLAMA} SIGSTOP" in line for line in chaos.log), chaos.log
+    assert any(f"{LLAMA} SIGKILL" in line for line in chaos.log), chaos.log
+    assert chaos.llama_verdict_s is not None, chaos.log  # the monitor, not a timer, decided the restart
+    assert chaos.llama_restarts == 2, chaos.log
+    assert chaos.health.get(LLAMA) == "healthy", chaos.health

@@ -11,19 +11,25 @@ from fleetgate.core.autoscale import AutoscaleContext, AutoscalePolicy, Autoscal
 from fleetgate.core.autoscale_baselines import KpaAutoscaler
 
 policies = st.builds(
-    lambda lo, span, target, panic, delay, cool, interval, step, fc, floor, frac, beta: AutoscalePolicy(
-        min_replicas=lo,
-        max_replicas=max(1, lo + span),
-        target_utilisation=target,
-        panic_threshold=panic,
-        scale_down_delay_s=delay,
-        scale_up_cooldown_s=cool,
-        scale_down_interval_s=interval,
-        scale_down_max_step=step,
-        forecast_horizon_s=fc,
-        warm_floor=floor,
-        scale_down_max_fraction=frac,
-        headroom_beta=beta,
+    lambda lo, span, target, panic, delay, cool, interval, step, fc, floor, frac, beta, season: (
+        AutoscalePolicy(
+            min_replicas=lo,
+            max_replicas=max(1, lo + span),
+            target_utilisation=target,
+            panic_threshold=panic,
+            scale_down_delay_s=delay,
+            scale_up_cooldown_s=cool,
+            scale_down_interval_s=interval,
+            scale_down_max_step=step,
+            forecast_horizon_s=fc,
+            warm_floor=floor,
+            scale_down_max_fraction=frac,
+            headroom_beta=beta,
+            # A short "period" so that the seasonal memory fills within one example.
+            seasonal_period_s=season,
+            seasonal_bucket_s=max(1.0, season / 8),
+            seasonal_lead_s=season / 4,
+        )
     ),
     st.integers(0, 5),
     st.integers(0, 30),
@@ -37,6 +43,7 @@ policies = st.builds(
     st.integers(0, 4),
     st.floats(0.0, 1.0),
     st.floats(0.0, 3.0),
+    st.sampled_from([0.0, 240.0, 1200.0]),
 )
 
 steps = st.lists(

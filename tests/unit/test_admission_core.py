@@ -146,6 +146,32 @@ def test_best_effort_only_uses_idle_capacity_and_is_shed_with_503() -> None:
     assert d is not None and not d.allowed and d.retry_after_s == pytest.approx(2 * 1.25 - 1.3)
 
 
+def test_best_effort_is_held_while_every_engine_queues_and_resumes_after() -> None:
+    """Engines that report their own waiting queues have no idle capacity, whatever the MU meters say:
+    best-effort waits (here in the admission queue) or is shed; reserved traffic is never held."""
+    views = {"now": CapacityView(600.0, 30.0, engines_saturated=True)}
+    settings = AdmissionSettings(default_deadline_s=2.0)
+    la = LocalAdmission(settings, capacity_of=lambda _m: views["now"])
+    free = TenantLimits("free", Priority.BEST_EFFORT, best_effort_mu_per_min=INF)
+    gold = TenantLimits("gold", reserved_mu_per_min={"m": 30.0})
+    assert la.submit(free, req("f1", "free"), 0.0) is None  # plenty of MU, but waits: no idle engine
+    g = la.submit(gold, req("g1", "gold"), 0.0)
+    assert g is not None and g.allowed and g.tier == Tier.RESERVED
+    assert la.poll(0.6) == []  # still saturated at the next look
+    views["now"] = CapacityView(600.0, 30.0)  # a scrape shows a free slot
+    done = la.poll(1.2)
+    assert [(r.request_id, d.allowed, d.tier) for r, d in done] == [("f1", True, Tier.BEST_EFFORT)]
+    # with no time to wait, a best-effort arrival during saturation is a 503 with a short Retry-After
+    views["now"] = CapacityView(600.0, 30.0, engines_saturated=True)
+    d = la.submit(free, req("f2", "free"), 2.0, deadline_s=0.0)
+    assert d is not None and not d.allowed and d.reason == Reason.SATURATED and d.status == 503
+    assert 0 < d.retry_after_s <= 1.0
+    # a request that waited through a saturation that never cleared expires at its deadline
+    assert la.submit(free, req("f3", "free"), 2.0) is None
+    expired = la.poll(4.1)
+    assert [(r.request_id, d.allowed, d.status) for r, d in expired] == [("f3", False, 503)]
+
+
 def test_reserved_tenant_spills_into_best_effort_and_over_limit_is_429() -> None:
     la = LocalAdmission(AdmissionSettings(default_deadline_s=0.0), capacity_of=lambda _m: CapacityView(600.0))
     silver = TenantLimits("silver", reserved_mu_per_min={"m": 60.0}, best_effort_mu_per_min=60.0)

@@ -251,6 +251,35 @@ def test_memory_store_is_the_default() -> None:
     assert isinstance(service().store, MemoryStore)
 
 
+async def test_best_effort_is_held_while_every_engine_reports_a_queue() -> None:
+    """The scraped engine queues feed admission: with a waiting queue on every routable replica there is no
+    idle capacity, so best-effort gets a 503 (here: no time to wait), reserved traffic still passes, and
+    best-effort resumes as soon as one replica shows a free slot (or is unknown)."""
+    from fleetgate.admission.service import engines_saturated
+    from fleetgate.core.types import HealthState, ReplicaSnapshot
+
+    clock = FakeClock()
+    svc = service(clock, deadline_s=0)
+    replicas = [
+        ReplicaSnapshot("r0", capacity_mu_per_min=60.0, engine_waiting=3),
+        ReplicaSnapshot("r1", capacity_mu_per_min=60.0, engine_waiting=1),
+        ReplicaSnapshot("r2", capacity_mu_per_min=60.0, health=HealthState.UNHEALTHY, engine_waiting=0),
+    ]
+    assert engines_saturated(replicas)  # an unroutable replica's free slots are no use
+    assert not engines_saturated([ReplicaSnapshot("r0"), ReplicaSnapshot("r1", engine_waiting=2)])
+    assert not engines_saturated([])
+    svc.use_replica_capacity(lambda m: replicas if m == "m" else None)
+    free = svc.authenticate("Bearer sk-free")
+    gold = svc.authenticate("Bearer sk-gold")
+    with pytest.raises(ServiceUnavailableError) as e:
+        await svc.admit(free, req("f1", 0.1), clock())
+    assert 0 < e.value.retry_after_s <= 1.0
+    assert (await svc.admit(gold, req("g1", 0.1), clock())).tier == "reserved"
+    replicas[1] = ReplicaSnapshot("r1", capacity_mu_per_min=60.0, engine_waiting=0)
+    clock.t += 1.0
+    assert (await svc.admit(free, req("f2", 0.1), clock())).tier == "best_effort"
+
+
 async def test_best_effort_follows_live_replica_capacity() -> None:
     from fleetgate.core.types import HealthState, ReplicaSnapshot
 

@@ -17,6 +17,7 @@ from fleetgate.core.autoscale import (
     limit_scale_down,
     limit_scale_up,
     replicas_for,
+    seasonal_increment,
     window_slope,
 )
 
@@ -233,3 +234,46 @@ def test_square_root_staffing_gives_small_fleets_more_headroom() -> None:
     assert replicas_for(70.0, 100.0, 0.7, beta=1.0) == 2  # 0.7 replicas of load: +0.84 headroom
     big = replicas_for(70_000.0, 100.0, 0.7, beta=1.0)
     assert big == 1000 + 27  # 700 replicas of load: headroom grows like sqrt, not linearly
+
+
+def _daily_run(pol: AutoscalePolicy, days: int, step_at: float, low: float, high: float) -> list[int]:
+    """`days` days of demand `low`, rising to `high` at `step_at` seconds into each day for one hour;
+    returns the replica count asked for at `step_at - 60` on each day."""
+    run = Run(pol)
+    out = []
+    for d in range(days):
+        for t in range(0, 86400, 10):
+            now = d * 86400.0 + t
+            demand = high if step_at <= t < step_at + 3600 else low
+            run.step(now, demand)
+            if t == step_at - 60:
+                out.append(run.current)
+    return out
+
+
+def test_seasonal_forecast_prewarms_before_a_recurring_step() -> None:
+    pol = AutoscalePolicy(max_replicas=100, seasonal_period_s=86400.0)
+    # 70 MU/min -> 1 replica; 2,100 MU/min -> 30 replicas at the 0.7 target.
+    counts = _daily_run(pol, 3, step_at=36000.0, low=70.0, high=2100.0)
+    assert counts[0] == 1  # no history on the first day: purely reactive
+    assert counts[1] == 30  # the rise seen yesterday, one cold start ahead (lead 240 s)
+    assert counts[2] == 30
+    off = _daily_run(
+        AutoscalePolicy(max_replicas=100, seasonal_period_s=0.0), 3, step_at=36000.0, low=70.0, high=2100.0
+    )
+    assert off == [1, 1, 1]
+
+
+def test_seasonal_forecast_needs_the_rise_in_every_remembered_period() -> None:
+    pol = AutoscalePolicy(
+        seasonal_period_s=100.0, seasonal_bucket_s=10.0, seasonal_lead_s=15.0, seasonal_periods=2
+    )
+    # (bucket, median demand): period 1 (buckets 0-9) rose at bucket 5, period 2 (10-19) did not.
+    season = tuple((b, 500.0 if b == 5 else 100.0) for b in range(20))
+    # now = bucket 24, lead reaches bucket 25: +400 two periods ago (4 -> 5), flat in the last (14 -> 15)
+    assert seasonal_increment(season, pol, 240.0) == 0.0
+    one = AutoscalePolicy(
+        seasonal_period_s=100.0, seasonal_bucket_s=10.0, seasonal_lead_s=15.0, seasonal_periods=1
+    )
+    assert seasonal_increment(season, one, 135.0) == 400.0  # bucket 13 -> 14-15 = last period's 4-5
+    assert seasonal_increment(season, one, 165.0) == 0.0  # a fall is never forecast

@@ -12,11 +12,14 @@ from fleetgate.core.calibrate import (
     BatchRun,
     Measurement,
     default_design,
+    design_matrix,
     fit_batched_perf,
     fit_cost_profile,
     holdout_split,
     mape,
+    mixed_design,
     nnls,
+    predicted_seconds,
     r2_score,
     sweep_design,
 )
@@ -199,11 +202,84 @@ def test_process_cpu_seconds_counts_own_work() -> None:
     assert process_cpu_seconds(os.getpid()) > before
 
 
-def test_busy_clock_interpolation() -> None:
-    from fleetgate.engines.calibration import _interpolate
+def test_mixed_design_interleaves_long_prefill_and_long_decode() -> None:
+    ins, outs = [16, 512, 2048], [4, 64, 192]
+    pts = mixed_design(ins, outs, [8, 4], 5, random.Random(1))
+    assert len(pts) == 5 and mixed_design(ins, outs, [8], 0, random.Random(1)) == []
+    for p in pts:
+        assert len(p.mix) == 3 and len(set(p.mix)) == 3
+        assert all(i in ins and o in outs for i, o in p.mix)
+        assert any(i == 2048 for i, _ in p.mix) and any(o == 192 for _, o in p.mix)
+        assert p.concurrencies == (4, 8)
+        assert p.input_tokens == round(sum(i for i, _ in p.mix) / 3)
+    assert pts == mixed_design(ins, outs, [8, 4], 5, random.Random(1))  # the injected source decides
+    with pytest.raises(ValueError):
+        mixed_design([16], [4], [1], 1, random.Random(0))
 
-    samples = [(0.0, 0.0), (1.0, 0.5), (2.0, 1.5)]
-    assert _interpolate(samples, 0.5) == pytest.approx(0.25)
-    assert _interpolate(samples, 1.5) == pytest.approx(1.0)
-    assert _interpolate(samples, -1.0) == 0.0
-    assert _interpolate(samples, 9.0) == 1.5
+
+def test_mixed_measurement_is_the_mean_of_its_requests() -> None:
+    from fleetgate.core.units import CostProfile
+
+    mix = ((100, 10), (2000, 4), (16, 200))
+    m = Measurement(705, 71, 0.5, mix=mix)
+    row = design_matrix([m], terms=("delta",))[0]
+    want = np.mean([[1.0, i, o, i * i / LONG_INPUT_SCALE] for i, o in mix], axis=0)
+    assert row == pytest.approx(want)
+    prof = CostProfile(alpha=0.01, beta=0.05, gamma=0.1, delta=0.3)
+    mean_mu = sum(prof.cost(i, o) for i, o in mix) / 3
+    assert predicted_seconds(prof, [m])[0] == pytest.approx(prof.replica_seconds(mean_mu))
+    # the non-linear term makes the mean shape a different (wrong) answer
+    assert predicted_seconds(prof, [Measurement(705, 71, 0.5)])[0] != pytest.approx(
+        prof.replica_seconds(mean_mu)
+    )
+    assert m.as_dict()["mix"] == [[100, 10], [2000, 4], [16, 200]]
+    assert Measurement(5, 6, 1.0).shapes() == ((5, 6),)
+
+
+def test_fit_on_homogeneous_and_mixed_runs_recovers_the_profile() -> None:
+    def secs(i: int, o: int) -> float:
+        return 0.02 + 1e-4 * i + 5e-3 * o + 0.05 * i * i / LONG_INPUT_SCALE
+
+    data = _synthetic(quad=0.05)
+    rng = random.Random(5)
+    for p in mixed_design([16, 512, 2048, 4096], [4, 128, 256], [8], 8, rng):
+        reqs = [p.mix[k % 3] for k in range(12)]
+        data.append(
+            Measurement(
+                p.input_tokens, p.output_tokens, float(np.mean([secs(*r) for r in reqs])), mix=tuple(reqs)
+            )
+        )
+    cal = fit_cost_profile(data, random.Random(2))
+    assert cal.terms == ("delta",)
+    assert cal.seconds_coefficients["alpha"] == pytest.approx(1e-4, rel=1e-6)
+    assert cal.seconds_coefficients["delta"] == pytest.approx(0.05, rel=1e-6)
+    assert cal.mape_holdout < 1e-6
+
+
+def test_prompts_never_share_a_prefix_across_probes() -> None:
+    from fleetgate.engines.calibration import EngineProbe
+
+    a = EngineProbe(None, "http://127.0.0.1:1", "m")  # type: ignore[arg-type]
+    b = EngineProbe(None, "http://127.0.0.1:1", "m")  # type: ignore[arg-type]
+    assert a.nonce != b.nonce
+    pa, pb = a.prompt(200), b.prompt(200)
+    assert pa.split(" ")[3:] != pb.split(" ")[3:]  # fillers differ too, not only the heads
+    assert len(pa.split(" ")) == 4 + 200
+    # same probe: every request is new, even with the same shape
+    assert a.prompt(50) != a.prompt(50)
+    # an injected nonce makes prompts reproducible
+    c, d = (EngineProbe(None, "http://x", "m", nonce="n0") for _ in range(2))  # type: ignore[arg-type]
+    assert c.prompt(30) == d.prompt(30)
+
+
+def test_merged_rungs_count_every_request_over_all_busy_time() -> None:
+    from fleetgate.engines.calibration import LevelResult, _merge
+
+    a = LevelResult(8, 10, 2.0, 20.0, 0.1, 100.0, 4.0, 5.0, busy_s=0.5, usages=[(100, 4)] * 10)
+    b = LevelResult(8, 30, 5.0, 20.0, 0.3, 200.0, 8.0, 6.0, busy_s=2.5, usages=[(200, 8)] * 30)
+    m = _merge(a, b)
+    assert m.requests == 40 and m.busy_s == 3.0
+    assert m.throughput_rps == pytest.approx(40 / 3.0)
+    assert m.mean_prompt_tokens == pytest.approx(175.0)
+    assert m.mean_latency_s == pytest.approx(0.25)
+    assert len(m.usages) == 40

@@ -110,3 +110,36 @@ async def test_cancelled_request_does_not_lose_the_worker(pool: WorkerPool) -> N
     start = time.monotonic()
     results = await asyncio.gather(*(pool.run("image", _jpeg(30, 30), ImageSpec()) for _ in range(4)))
     assert len(results) == 4 and time.monotonic() - start < 5
+
+
+async def test_large_payloads_cross_the_pipe_whole(pool: WorkerPool) -> None:
+    """Multi-MB tasks and replies are written and read in many partial chunks by the event loop (the
+    socket buffer holds far less): each arrives whole and in order, several at once."""
+    import base64
+    import random
+
+    rng = random.Random(3)
+    noisy = Image.frombytes("RGB", (1200, 900), rng.randbytes(1200 * 900 * 3))
+    buf = io.BytesIO()
+    noisy.save(buf, "PNG")
+    payload = base64.b64encode(buf.getvalue()).decode()  # ~4 MB of base64 text
+    assert len(payload) > 3_000_000
+    spec = ImageSpec(max_edge=1200, output_format="png", max_bytes=8 * 1024 * 1024)
+    results = await asyncio.gather(*(pool.run("image", payload, spec) for _ in range(3)))
+    for result in results:
+        assert (result.width, result.height) == (1200, 900)
+        assert len(result.data_url) > 1_000_000  # the reply is large too
+    assert len({r.data_url for r in results}) == 1
+
+
+async def test_closing_the_pool_fails_a_running_task_promptly() -> None:
+    """A task in flight when the pool closes gets a clear error at once, not after its time limit."""
+    pool = WorkerPool(1, task_timeout_s=30.0)
+    await pool.start()
+    task = asyncio.create_task(pool.run("_sleep", 20.0, None))
+    await asyncio.sleep(0.3)
+    start = time.monotonic()
+    await pool.close()
+    with pytest.raises(WorkerCrashedError, match="shutting down"):
+        await asyncio.wait_for(task, 10.0)
+    assert time.monotonic() - start < 10.0

@@ -199,16 +199,25 @@ def test_estimated_ttft_counts_uncached_prefill_and_queue() -> None:
 
 
 def test_engine_waiting_queue_is_respected() -> None:
-    """A replica whose engine reports a long waiting queue (e.g. KV thrashing) is avoided even if the
-    fluid model thinks it is idle."""
+    """A replica whose engine is short of KV memory (full cache, a long waiting queue: thrashing) is
+    avoided even if the fluid model thinks it is idle."""
     p = policy()
     p.on_dispatch(request(1, (1, 2, 3)), "r0", 0.0)
-    replicas = [
-        ReplicaSnapshot("r0", inflight_requests=50, inflight_mu=100.0, engine_waiting=45, engine_running=5),
-        ReplicaSnapshot("r1"),
-    ]
+    thrashing = {"inflight_requests": 50, "inflight_mu": 100.0, "engine_waiting": 45, "engine_running": 5}
+    replicas = [ReplicaSnapshot("r0", engine_kv_usage=0.98, **thrashing), ReplicaSnapshot("r1")]  # type: ignore[arg-type]
     d = p.pick(request(2, (1, 2, 3, 4)), replicas, 500.0, random.Random(0))
     assert d.replica == "r1"
+    # The same queue with free KV memory is ordinary FCFS queueing, which the fluid queue already models
+    # (it drained long ago here): the cached replica keeps the request.
+    q = policy()
+    q.on_dispatch(request(1, (1, 2, 3)), "r0", 0.0)
+    replicas = [ReplicaSnapshot("r0", engine_kv_usage=0.3, **thrashing), ReplicaSnapshot("r1")]  # type: ignore[arg-type]
+    assert q.pick(request(2, (1, 2, 3, 4)), replicas, 500.0, random.Random(0)).replica == "r0"
+    # ``engine_queue: false`` ignores the scrape altogether.
+    o = policy(engine_queue=False)
+    o.on_dispatch(request(1, (1, 2, 3)), "r0", 0.0)
+    replicas = [ReplicaSnapshot("r0", engine_kv_usage=0.98, **thrashing), ReplicaSnapshot("r1")]  # type: ignore[arg-type]
+    assert o.pick(request(2, (1, 2, 3, 4)), replicas, 500.0, random.Random(0)).replica == "r0"
 
 
 def test_affinity_never_forces_an_unhealthy_or_excluded_replica() -> None:
@@ -383,7 +392,7 @@ def test_uncached_request_may_leave_its_subset_for_a_faster_replica() -> None:
     # Nothing of the prompt is cached anywhere: the fastest replica takes it (spill_factor_new).
     # A little queued prefill on the subset's replica: the old spill rule (1.5x + 0.5 s) keeps it there.
     for factor, slack, leaves in ((1.0, 0.0, True), (1.5, 0.5, False)):
-        p = policy(spill_factor_new=factor, spill_slack_new_s=slack, min_subset=1)
+        p = policy(spill_factor_new=factor, spill_slack_new_s=slack, min_subset=1, pick_rule="leader")
         replicas = fleet(8)
         d0 = p.pick(request(0, (42, 43), input_tokens=4096), replicas, 0.0, random.Random(0))
         p.on_dispatch(request(100, (500,), input_tokens=3000), d0.replica, 0.0)
@@ -401,6 +410,9 @@ def test_uncached_request_may_leave_its_subset_for_a_faster_replica() -> None:
         {"max_running": -1},
         {"interference_seq_tokens": -1.0},
         {"chunk_tokens": 0},
+        {"pick_rule": "fastest"},
+        {"cache_weight": -1.0},
+        {"prefill_tokens_per_s": 0.0},
     ],
 )
 def test_new_parameters_are_validated(bad: dict[str, object]) -> None:
@@ -428,3 +440,35 @@ def test_inflight_count_survives_a_retry_without_outcome() -> None:
     assert (p.inflight("r0"), p.inflight("r1")) == (0, 1)
     p.on_complete(r, "r1", 1.0, 1.0, True)
     assert p.inflight("r1") == 0
+
+
+def test_known_prefill_rate_sets_the_estimate_in_engine_seconds() -> None:
+    """``prefill_tokens_per_s``: own prefill = uncached tokens / rate; the queue drains in those units."""
+    p = policy(prefill_tokens_per_s=1000.0, cache_discount=0.0)
+    replicas = fleet(2)
+    d = p.pick(request(0, (1, 2, 3, 4), input_tokens=2048), replicas, 0.0, random.Random(0))
+    assert d.scores["est_ttft_s"] == pytest.approx(2.048)
+    p.on_dispatch(request(0, (1, 2, 3, 4), input_tokens=2048), d.replica, 0.0)
+    # The same prompt again at t=1: 1.048 s of the first prefill still queued there, nothing to prefill.
+    d2 = p.pick(request(1, (1, 2, 3, 4), input_tokens=2048), replicas, 1.0, random.Random(0))
+    assert d2.replica == d.replica
+    assert d2.scores["est_ttft_s"] == pytest.approx(1.048)
+    # An unrelated prompt goes to the idle replica, estimated at its own prefill only.
+    d3 = p.pick(request(2, (9, 10), input_tokens=1024), replicas, 1.0, random.Random(0))
+    assert d3.replica != d.replica
+    assert d3.scores["est_ttft_s"] == pytest.approx(1.024)
+
+
+def test_ttft_rule_weighs_the_work_a_cache_hit_saves() -> None:
+    """``pick_rule: ttft``: min of TTFT + cache_weight x own prefill. The holder of 3 of 4 blocks, whose queue
+    makes it slower for this request (2.548 + 0.512 s vs 2.048 s), still wins with cache_weight 2 (its
+    hit saves 1.5 s of work for every request queued behind it later) and loses with cache_weight 0."""
+    for cw, stays in ((2.0, True), (0.0, False)):
+        p = policy(pick_rule="ttft", cache_weight=cw, prefill_tokens_per_s=1000.0, cache_discount=0.0)
+        replicas = fleet(2)
+        p.on_dispatch(request(0, (1, 2, 3, 4), input_tokens=2048), "r0", 0.0)
+        p.on_dispatch(request(1, (50, 51, 52, 53), input_tokens=2000), "r0", 0.0)  # r0 busy until 4.048
+        d = p.pick(request(2, (1, 2, 3, 77), input_tokens=2048), replicas, 1.5, random.Random(0))
+        assert d.reason == "fleetgate:ttft"
+        assert (d.replica == "r0") is stays
+        assert d.scores["est_ttft_s"] == pytest.approx(2.548 + 0.512 if stays else 2.048)

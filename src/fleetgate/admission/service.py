@@ -53,6 +53,14 @@ from fleetgate.stores import AdmissionStore, StoreUnavailableError, build_store
 
 log = logging.getLogger("fleetgate.admission")
 
+
+def engines_saturated(snapshots: Iterable[ReplicaSnapshot]) -> bool:
+    """Every routable replica reports requests waiting in its engine's own queue (scraped ``num_waiting``):
+    no idle capacity anywhere. Unknown (no scrape yet, engine without the metric) counts as not waiting."""
+    routable = [s for s in snapshots if s.routable]
+    return bool(routable) and all((s.engine_waiting or 0) > 0 for s in routable)
+
+
 _METER_NAMES = {
     ChargeKind.REQUESTS: "requests per min (RPM)",
     ChargeKind.TOKENS: "tokens per min (TPM)",
@@ -208,7 +216,10 @@ class AdmissionService:
             snaps = snapshots_of(model)
             if snaps is None:
                 return None
-            return CapacityView(capacity_of(snaps), self.directory.sold_mu_per_min(model))
+            snaps = list(snaps)
+            return CapacityView(
+                capacity_of(snaps), self.directory.sold_mu_per_min(model), engines_saturated(snaps)
+            )
 
         self._capacity_of = view
 

@@ -65,13 +65,13 @@ class AutoscalerMetrics:
         )
         self.utilisation = Gauge(
             "fleetgate_autoscaler_utilisation",
-            "MU demand (settled + in flight per minute) / MU capacity of ready replicas.",
+            "MU demand per minute (as the policy reads it) / MU capacity of ready replicas.",
             ["deployment"],
             registry=registry,
         )
         self.demand = Gauge(
             "fleetgate_autoscaler_demand_mu_per_minute",
-            "MU demand per minute (settled in the last minute plus in flight).",
+            "MU demand per minute: settled in the last minute plus the in-flight term.",
             ["deployment"],
             registry=registry,
         )
@@ -209,11 +209,13 @@ class AutoscalerLoop:
             policy_state=self.state,
         )
         desired, self.state = self.autoscaler.decide(ctx)
-        util = ctx.utilisation
+        # fleetgate's policy reports the demand it scaled on (its in-flight term); baselines do not.
+        demand = float(getattr(self.state, "demand_mu_per_min", ctx.demand_mu_per_min))
+        util = float(getattr(self.state, "utilisation", ctx.utilisation))
         m = self.metrics
         m.desired.labels(self.deployment).set(desired)
         m.utilisation.labels(self.deployment).set(util if math.isfinite(util) else 1e9)
-        m.demand.labels(self.deployment).set(ctx.demand_mu_per_min)
+        m.demand.labels(self.deployment).set(demand)
         m.ready.labels(self.deployment).set(counts.ready)
         m.starting.labels(self.deployment).set(counts.starting)
         m.panic.labels(self.deployment).set(1.0 if getattr(self.state, "panic", False) else 0.0)
@@ -228,7 +230,7 @@ class AutoscalerLoop:
                 direction,
                 counts.current,
                 desired,
-                ctx.demand_mu_per_min,
+                demand,
                 util,
                 getattr(self.state, "reason", ""),
             )

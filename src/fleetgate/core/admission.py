@@ -18,6 +18,8 @@ Tiers
     fleet meter without being checked by it). ``best_effort``: the tenant's best-effort allowance *and* the
     fleet meter, whose rate is the capacity the ledger reports times a target utilisation; reserved traffic
     fills that meter first, so best-effort only gets unsold or idle capacity and is shed first (503).
+    When every replica reports requests waiting in its own queue (``CapacityView.engines_saturated``), there
+    is no idle capacity whatever the meters say: best-effort is held until a scrape shows a free slot.
 
 Queue
     Requests that cannot pass now may wait in one bounded queue, served in ``PRIORITY_ORDER`` (probes never
@@ -56,6 +58,10 @@ EPS = 1e-9
 
 MIN_RETRY_AFTER_S = 0.001
 """Every denial carries at least this much ``retry_after`` (retry_after > 0 exactly when denied)."""
+
+SATURATED_RETRY_S = 0.5
+"""How long best-effort is held after the engines were found saturated (``CapacityView.engines_saturated``)
+before it is tried again: about one metrics scrape (``scrape_interval_s``, 1 s by default) or less."""
 
 MAX_RETRY_AFTER_S = 60.0
 """Retry-After given to clients is capped here (e.g. best-effort with no capacity at all)."""
@@ -325,10 +331,17 @@ ANONYMOUS = TenantLimits(name="anonymous", unlimited=True)
 
 @dataclass(frozen=True, slots=True)
 class CapacityView:
-    """Capacity ledger numbers for one deployment, passed in (the ledger owns them)."""
+    """Capacity ledger numbers for one deployment, passed in (the ledger owns them).
+
+    ``engines_saturated``: every routable replica reports requests waiting in its own queue (scraped), i.e.
+    there is no idle capacity whatever the MU meters say (a slow or mis-calibrated engine, a host short of
+    CPU). Best-effort is then held (503 or a queue wait) so that the slots that free up go to reserved
+    traffic; reserved tenants are never held by it.
+    """
 
     capacity_mu_per_min: float
     sold_mu_per_min: float = 0.0
+    engines_saturated: bool = False
 
     @property
     def unsold_mu_per_min(self) -> float:
@@ -845,6 +858,8 @@ class PumpPass:
                 if blocked:
                     self._skip(a, blocked)
                     continue
+                if a.tier == Tier.BEST_EFFORT and self._engines_saturated(a):
+                    continue
                 return a
             if self._check_stop and self.full:
                 self._check_stop = False
@@ -866,6 +881,18 @@ class PumpPass:
             self._plan(entry)
             assert entry.plans is not None
             self._pending.extend(Attempt(entry, t, charges) for t, charges in entry.plans[1])
+
+    def _engines_saturated(self, a: Attempt) -> bool:
+        """A best-effort attempt while the engines queue is denied on the fleet meter without a store call
+        (as if that meter were full), for ``SATURATED_RETRY_S``: by then a new scrape may show a free slot."""
+        cap = self.capacity(a.entry.request.model)
+        if cap is None or not cap.engines_saturated:
+            return False
+        fleet = [c.key for c in a.charges if c.kind == ChargeKind.FLEET and c.enforce]
+        if not fleet:
+            return False
+        self.report(a, TakeOutcome(False, SATURATED_RETRY_S, (fleet[0],), {}, self.now))
+        return True
 
     def _plan(self, entry: QueueEntry) -> None:
         cap = self.capacity(entry.request.model)
@@ -1264,6 +1291,8 @@ class LocalAdmission:
             deadline = self.core.queue.next_deadline()
             if deadline is not None:
                 wake = deadline if wake is None else min(wake, deadline)
+            if not p.full and self._next_wake is not None:  # a pass over one arrival: keep the queue's wake
+                wake = self._next_wake if wake is None else min(wake, self._next_wake)
             self._next_wake = wake
         return p
 

@@ -33,6 +33,7 @@ The bounds and cooldown helpers are shared with the baselines in ``core.autoscal
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -63,6 +64,12 @@ class AutoscalePolicy:
     scale_down_max_fraction: float = 0.1
     forecast_horizon_s: float = 0.0
     headroom_beta: float = 0.0
+    seasonal_period_s: float = 86400.0
+    seasonal_bucket_s: float = 600.0
+    seasonal_periods: int = 1
+    seasonal_lead_s: float = 240.0
+    inflight_term: str = "change"
+    panic_on_recent: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_utilisation <= 1.0:
@@ -97,6 +104,14 @@ class AutoscalePolicy:
             raise ValueError("idle_to_min_s must be >= 0")
         if self.headroom_beta < 0:
             raise ValueError("headroom_beta must be >= 0")
+        if self.seasonal_period_s < 0 or self.seasonal_lead_s < 0:
+            raise ValueError("seasonal_period_s and seasonal_lead_s must be >= 0")
+        if self.seasonal_period_s > 0 and not 0 < self.seasonal_bucket_s <= self.seasonal_period_s:
+            raise ValueError("need 0 < seasonal_bucket_s <= seasonal_period_s")
+        if self.seasonal_periods < 1:
+            raise ValueError("seasonal_periods must be >= 1")
+        if self.inflight_term not in ("change", "level"):
+            raise ValueError("inflight_term must be 'change' or 'level'")
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any] | None) -> AutoscalePolicy:
@@ -124,6 +139,14 @@ class AutoscaleState:
     utilisation: float = 0.0
     demand_mu_per_min: float = 0.0
     reason: str = "init"
+    #: Seasonal memory: demand samples of the current bucket, and (bucket index, median demand) of the last
+    #: ``seasonal_periods`` periods, oldest first.
+    bucket: int | None = None
+    bucket_samples: tuple[float, ...] = ()
+    season: tuple[tuple[int, float], ...] = ()
+    seasonal_mu_per_min: float = 0.0
+    #: (time, MU in flight) of the stable window, for the ``change`` in-flight term.
+    inflight_samples: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +269,122 @@ def replicas_for(
     return max(0, math.ceil(load / target + beta * math.sqrt(load) - _EPS))
 
 
+def arrival_demand(
+    ctx: AutoscaleContext, inflight_history: Sequence[tuple[float, float]], p: AutoscalePolicy
+) -> float:
+    """Demand in MU per minute: settled MU of the last minute plus the in-flight term.
+
+    ``level`` adds the MU in flight now. That counts the requests of the last ``L`` seconds (``L`` = the
+    end-to-end latency) twice over a minute's window — they are in flight now and their predecessors settled
+    within the minute — so on steady traffic it reads ``(60 + L) / 60`` of the arrival rate (~15 % high at
+    L ~ 10 s, more with the p90 output budget of the estimates).
+    ``change`` (default) adds the growth of the in-flight MU over the stable window instead, as a per-minute
+    rate: arrivals = completions + change in flight, so this is the arrival volume of the last minute. It
+    still sees unmet demand while the fleet is saturated (settled MU stalls at capacity, in-flight MU grows
+    by exactly the shortfall), and a falling in-flight total (a backlog draining) is not subtracted. It is
+    never below the MU in flight themselves: work that has not settled within the minute (long requests, a
+    stalled batch) still needs replicas even when nothing new arrives.
+    """
+    settled = max(0.0, ctx.settled_mu_per_min)
+    inflight = max(0.0, ctx.inflight_mu)
+    if p.inflight_term == "level":
+        return settled + inflight
+    old = [s for s in inflight_history if ctx.now_s - s[0] < p.stable_window_s - _EPS]
+    if not old:
+        return settled + inflight  # no history yet: the whole in-flight amount is new
+    t0, i0 = old[0]
+    span = ctx.now_s - t0
+    growth = max(0.0, inflight - i0) * (max(1.0, 60.0 / span) if span > _EPS else 1.0)
+    return max(settled + growth, inflight)
+
+
+def recent_demand(
+    ctx: AutoscaleContext, inflight_history: Sequence[tuple[float, float]], p: AutoscalePolicy
+) -> float:
+    """Arrival rate of the last few seconds (MU per minute), for the panic window.
+
+    The stable demand is a minute's arrival volume, so a jump needs most of a minute to show in it. The
+    in-flight total moves at once: right after a jump, completions still run at the old rate (they lag by the
+    request latency), so settled MU per minute plus the in-flight growth since the newest sample at least
+    ``panic_window_s`` old, scaled to a minute, is the new arrival rate. 0 (not used) with
+    ``panic_on_recent`` off or in ``level`` mode.
+    """
+    if p.inflight_term != "change" or not p.panic_on_recent:
+        return 0.0
+    now = ctx.now_s
+    old = [s for s in inflight_history if p.panic_window_s - _EPS <= now - s[0] < p.stable_window_s - _EPS]
+    if not old:
+        return 0.0
+    t0, i0 = old[-1]
+    growth = max(0.0, max(0.0, ctx.inflight_mu) - i0) * 60.0 / (now - t0)
+    return max(0.0, ctx.settled_mu_per_min) + growth
+
+
+def _median(vals: Sequence[float]) -> float:
+    v = sorted(vals)
+    n = len(v)
+    return 0.0 if n == 0 else (v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2]))
+
+
+def season_update(
+    prev: AutoscaleState, p: AutoscalePolicy, now: float, demand: float
+) -> tuple[int | None, tuple[float, ...], tuple[tuple[int, float], ...]]:
+    """Add one demand sample to the seasonal memory; a finished bucket is stored as its median.
+
+    The median (not the mean) keeps the few minutes of an overload, when in-flight work inflates the demand
+    reading, out of the stored level.
+    """
+    if p.seasonal_period_s <= 0:
+        return None, (), ()
+    b = math.floor(now / p.seasonal_bucket_s)
+    season = prev.season
+    if prev.bucket is None or b == prev.bucket:
+        return b, (*prev.bucket_samples, demand), season
+    keep = math.ceil(p.seasonal_periods * p.seasonal_period_s / p.seasonal_bucket_s)
+    if prev.bucket_samples:
+        season = (*season, (prev.bucket, _median(prev.bucket_samples)))
+    oldest = b - keep
+    if season and season[0][0] < oldest:
+        season = season[bisect_left(season, oldest, key=lambda x: x[0]) :]
+    return b, (demand,), season
+
+
+def seasonal_increment(season: Sequence[tuple[int, float]], p: AutoscalePolicy, now: float) -> float:
+    """The rise in demand (MU/min) the past periods saw between now and ``now + seasonal_lead_s``.
+
+    For each of the last ``seasonal_periods`` periods: the largest increase from the bucket of "now" to a
+    bucket within the lead time, at the same phase of that period. The minimum over the periods is used (a
+    rise must have recurred in every one of them), and only a rise: the forecast never lowers the count.
+    Additive, not a ratio, so a day that runs 10 % lower than the last does not inherit its level.
+    """
+    if p.seasonal_period_s <= 0 or not season:
+        return 0.0
+    idx = [x[0] for x in season]
+    per = p.seasonal_period_s / p.seasonal_bucket_s
+    b_now = math.floor(now / p.seasonal_bucket_s)
+    b_end = math.floor((now + p.seasonal_lead_s) / p.seasonal_bucket_s)
+    if b_end <= b_now:
+        return 0.0
+
+    def at(b: int) -> float | None:
+        j = bisect_left(idx, b)
+        return season[j][1] if j < len(idx) and idx[j] == b else None
+
+    rises: list[float] = []
+    for k in range(1, p.seasonal_periods + 1):
+        shift = round(k * per)
+        base = at(b_now - shift)
+        if base is None:
+            continue
+        ahead = [v for b in range(b_now + 1, b_end + 1) if (v := at(b - shift)) is not None]
+        if not ahead:
+            continue
+        rises.append(max(ahead) - base)
+    if not rises:
+        return 0.0
+    return max(0.0, min(rises))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # fleetgate's policy.
 
@@ -259,8 +398,13 @@ def decide(ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
     now = ctx.now_s
     current = max(0, ctx.current_replicas)
     pending_total = max(current, ctx.ready_replicas + max(0, ctx.starting_replicas))
-    demand = ctx.demand_mu_per_min
     cap = ctx.capacity_mu_per_min
+    inflight = max(0.0, ctx.inflight_mu)
+    inflight_samples = (
+        *(s for s in prev.inflight_samples if now - s[0] < p.stable_window_s - _EPS),
+        (now, inflight),
+    )
+    demand = arrival_demand(ctx, prev.inflight_samples, p)
 
     horizon = max(p.stable_window_s, p.scale_down_delay_s)
     samples = (*(s for s in prev.samples if now - s[0] < p.stable_window_s - _EPS), (now, demand))
@@ -272,7 +416,13 @@ def decide(ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
         if slope > 0:
             # The window mean lags the present by half a window; project it to now + horizon.
             stable = max(stable, stable + slope * (p.stable_window_s / 2 + p.forecast_horizon_s))
-    short = window_mean(samples, now, p.panic_window_s)
+    bucket, bucket_samples, season = season_update(prev, p, now, demand)
+    seasonal = seasonal_increment(season, p, now)
+    if seasonal > 0:
+        # Pre-warm for a rise that recurred at this time of the period: start the replicas a cold start
+        # before the demand arrives instead of reacting to it.
+        stable = max(stable, window_mean(samples, now, p.stable_window_s) + seasonal)
+    short = max(window_mean(samples, now, p.panic_window_s), recent_demand(ctx, prev.inflight_samples, p))
     want_stable = replicas_for(stable, cap, p.target_utilisation, p.headroom_beta)
     want_panic = replicas_for(short, cap, p.target_utilisation, p.headroom_beta)
 
@@ -336,6 +486,11 @@ def decide(ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
         utilisation=util,
         demand_mu_per_min=demand,
         reason=reason,
+        bucket=bucket,
+        bucket_samples=bucket_samples,
+        season=season,
+        seasonal_mu_per_min=seasonal,
+        inflight_samples=inflight_samples,
     )
     return desired, state
 

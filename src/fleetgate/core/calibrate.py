@@ -127,11 +127,17 @@ def holdout_split(n: int, fraction: float, rng: RandomSource) -> tuple[list[int]
 
 @dataclass(frozen=True, slots=True)
 class SweepPoint:
-    """One request shape to measure, with the concurrency ladder to climb until saturation."""
+    """One request shape to measure, with the concurrency ladder to climb until saturation.
+
+    ``mix`` (optional): a run that cycles through these (input, output) shapes instead of one shape
+    (``input_tokens``/``output_tokens`` are then their means). Mixed runs measure what the shapes cost
+    when the engine interleaves them, which is how a real workload runs.
+    """
 
     input_tokens: int
     output_tokens: int
     concurrencies: tuple[int, ...]
+    mix: tuple[tuple[int, int], ...] = ()
 
 
 def sweep_design(
@@ -149,6 +155,55 @@ def sweep_design(
     ]
 
 
+def mixed_design(
+    input_lengths: Sequence[int],
+    output_lengths: Sequence[int],
+    concurrencies: Sequence[int],
+    runs: int,
+    rng: RandomSource,
+    *,
+    shapes_per_run: int = 3,
+) -> list[SweepPoint]:
+    """``runs`` mixed runs, each cycling through ``shapes_per_run`` distinct grid shapes drawn with ``rng``.
+
+    Each run takes one of the longest inputs, one of the longest outputs and random others, so every run
+    interleaves long prefills with long decodes (the case where per-shape costs could stop adding up).
+    """
+    grid = [(int(i), int(o)) for i in sorted(set(input_lengths)) for o in sorted(set(output_lengths))]
+    if runs <= 0:
+        return []
+    if len(grid) < shapes_per_run or shapes_per_run < 2:
+        raise ValueError("a mixed run needs at least 2 distinct grid shapes")
+    ladder = tuple(sorted(set(int(c) for c in concurrencies)))
+    max_in, max_out = max(i for i, _ in grid), max(o for _, o in grid)
+
+    def draw(pool: Sequence[tuple[int, int]]) -> tuple[int, int]:
+        return pool[min(int(rng.random() * len(pool)), len(pool) - 1)]
+
+    points = []
+    for _ in range(runs):
+        chosen: list[tuple[int, int]] = []
+        long_in = [g for g in grid if g[0] == max_in and g[1] != max_out]
+        long_out = [g for g in grid if g[1] == max_out and g[0] != max_in]
+        for pool in (long_in, long_out):
+            if pool and len(chosen) < shapes_per_run:
+                chosen.append(draw(pool))
+        while len(chosen) < shapes_per_run:
+            g = draw(grid)
+            if g not in chosen:
+                chosen.append(g)
+        mix = tuple(chosen)
+        points.append(
+            SweepPoint(
+                round(sum(i for i, _ in mix) / len(mix)),
+                round(sum(o for _, o in mix) / len(mix)),
+                ladder,
+                mix=mix,
+            )
+        )
+    return points
+
+
 def default_design(quick: bool = False) -> list[SweepPoint]:
     """The standard calibration sweep (``quick``: a 3x3 design with a short ladder, for tests and demos)."""
     if quick:
@@ -161,7 +216,12 @@ def default_design(quick: bool = False) -> list[SweepPoint]:
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    """Replica seconds one request of this shape consumed at saturation (plus how it was measured)."""
+    """Replica seconds one request of this shape consumed at saturation (plus how it was measured).
+
+    ``mix`` (optional): the (input, output) token counts of every request of a mixed run; then
+    ``replica_seconds`` is the run's mean per request and the model is scored on the mean of its
+    predictions over these requests (``input_tokens``/``output_tokens`` are only the means, for display).
+    """
 
     input_tokens: int
     output_tokens: int
@@ -171,10 +231,17 @@ class Measurement:
     requests: int = 0
     throughput_rps: float = 0.0
     latency_s: float = 0.0
+    mix: tuple[tuple[int, int], ...] = ()
+
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        """The (input, output) shapes whose mean this measurement is."""
+        return self.mix or ((self.input_tokens, self.output_tokens),)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
-        return asdict(self)
+        d = asdict(self)
+        d["mix"] = [list(m) for m in self.mix]
+        return d
 
 
 #: Optional long-context terms of the cost model, by coefficient name (see core/units.py).
@@ -193,8 +260,12 @@ def design_matrix(measurements: Sequence[Measurement], *, terms: Sequence[str] =
     """Rows ``[1, input, output, *extra terms]`` matching the coefficients ``gamma, alpha, beta, *terms``."""
     rows = []
     for m in measurements:
-        inp, out = float(m.input_tokens), float(m.output_tokens)
-        rows.append([1.0, inp, out, *(_term(t, inp, out) for t in terms)])
+        shapes = m.shapes()
+        acc = np.zeros(3 + len(terms))
+        for i, o in shapes:
+            inp, out = float(i), float(o)
+            acc += [1.0, inp, out, *(_term(t, inp, out) for t in terms)]
+        rows.append(acc / len(shapes))
     return np.asarray(rows, dtype=np.float64).reshape(len(rows), 3 + len(terms))
 
 
@@ -281,10 +352,12 @@ def profile_from_seconds(
 
 def predicted_seconds(profile: CostProfile, measurements: Sequence[Measurement]) -> FloatArray:
     """Replica seconds ``profile`` predicts for each measurement's (input, output) shape."""
-    return np.asarray(
-        [profile.replica_seconds(profile.cost(m.input_tokens, m.output_tokens)) for m in measurements],
-        dtype=np.float64,
-    )
+    out = []
+    for m in measurements:
+        shapes = m.shapes()
+        mu = math.fsum(profile.cost(i, o) for i, o in shapes) / len(shapes)
+        out.append(profile.replica_seconds(mu))
+    return np.asarray(out, dtype=np.float64)
 
 
 @dataclass(frozen=True)

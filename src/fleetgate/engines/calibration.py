@@ -16,6 +16,7 @@ import bisect
 import itertools
 import json
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +32,7 @@ from fleetgate.core.calibrate import (
     SweepPoint,
     default_design,
     fit_cost_profile,
+    mixed_design,
 )
 
 _WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "big", "red", "dog")
@@ -82,23 +84,24 @@ class LevelResult:
 
 def process_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) the process ``pid`` has used so far (Linux ``/proc``)."""
-    import os
-
     with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _interpolate(samples: Sequence[tuple[float, float]], t: float) -> float:
-    times = [x for x, _ in samples]
-    j = bisect.bisect_left(times, t)
-    if j <= 0:
-        return samples[0][1]
-    if j >= len(samples):
-        return samples[-1][1]
-    (t0, v0), (t1, v1) = samples[j - 1], samples[j]
-    return v0 if t1 <= t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+def process_tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds used so far by ``pid`` and every live process below it (vLLM runs its engine core and
+    workers as child processes; llama-server is one process). Children must outlive the measurement."""
+    from fleetgate.engines.llama import descendant_pids
+
+    total = process_cpu_seconds(pid)
+    for kid in descendant_pids(pid):
+        try:
+            total += process_cpu_seconds(kid)
+        except OSError:  # exited between listing and reading
+            pass
+    return total
 
 
 @dataclass
@@ -146,12 +149,12 @@ class EngineProbe:
         extra_body: Mapping[str, Any] | None = None,
         request_timeout_s: float = 300.0,
         busy_clock: Callable[[], float] | None = None,
-        busy_sample_s: float = 0.02,
+        nonce: str | None = None,
     ) -> None:
         """``busy_clock``: cumulative seconds the replica has been busy (e.g. its process CPU time); when
-        given, replica time is measured on it instead of the wall clock (robust on a shared machine)."""
+        given, replica time is measured on it instead of the wall clock (robust on a shared machine).
+        ``nonce``: this probe's prompt prefix (default: random), so no two probes send equal prompts."""
         self.busy_clock = busy_clock
-        self.busy_sample_s = busy_sample_s
         self.session = session
         self.url = engine.rstrip("/") + "/v1/chat/completions"
         self.model = model
@@ -161,12 +164,22 @@ class EngineProbe:
         self.extra_body = dict(EXACT_LENGTH_FIELDS if extra_body is None else extra_body)
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._seq = itertools.count()
+        self.nonce = nonce if nonce is not None else os.urandom(6).hex()
 
     def prompt(self, words: int) -> str:
-        """A prompt of ``words`` filler words behind a unique prefix (defeats prefix caching)."""
+        """A prompt of ``words`` filler words that shares no prefix (and no long chunk) with any other.
+
+        The head carries this probe's random nonce and the request number, so prompts never repeat across
+        probes, runs or processes: llama-server keeps earlier prompts in a host-memory prompt cache
+        (``--cache-ram``, 8 GiB by default) and restores the longest matching prefix. Two probes that both
+        counted from 0 with a deterministic filler sent identical prefixes, and the second run's long prompts
+        were mostly cache hits (that made the first llama.cpp mix check read 25-28% cheap). The filler
+        words are drawn per request, so chunk-level reuse (``--cache-reuse``) finds nothing either.
+        """
         uid = next(self._seq)
-        head = f"Request {uid} {uid * 7919 % 100003} :"
-        return head + "".join(" " + _WORDS[(uid + k) % len(_WORDS)] for k in range(max(words, 0)))
+        rng = random.Random(f"{self.nonce}:{uid}")
+        head = f"Request {self.nonce} {uid} :"
+        return head + "".join(" " + rng.choice(_WORDS) for _ in range(max(words, 0)))
 
     async def send(self, shape: Shape) -> tuple[int, int, float]:
         """One request; returns (prompt_tokens, completion_tokens, latency_s) from the engine's usage."""
@@ -180,15 +193,25 @@ class EngineProbe:
             **self.extra_body,
         }
         t0 = time.perf_counter()
-        try:
-            async with self.session.post(
-                self.url, data=json.dumps(body), headers=self.headers, timeout=self.timeout
-            ) as resp:
-                text = await resp.text()
-                if resp.status != 200:
-                    raise CalibrationError(f"engine answered HTTP {resp.status}: {text[:300]}")
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise CalibrationError(f"request to {self.url} failed: {exc.__class__.__name__}: {exc}") from exc
+        for attempt in range(2):
+            try:
+                async with self.session.post(
+                    self.url, data=json.dumps(body), headers=self.headers, timeout=self.timeout
+                ) as resp:
+                    text = await resp.text()
+                    if resp.status != 200:
+                        raise CalibrationError(f"engine answered HTTP {resp.status}: {text[:300]}")
+                break
+            except aiohttp.ServerDisconnectedError as exc:
+                # a pooled keep-alive connection the server closed just as it was reused (uvicorn closes
+                # idle ones after 5 s): nothing was processed, send it once more on a fresh connection
+                if attempt:
+                    raise CalibrationError(f"request to {self.url} failed: {exc!r}") from exc
+                t0 = time.perf_counter()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise CalibrationError(
+                    f"request to {self.url} failed: {exc.__class__.__name__}: {exc}"
+                ) from exc
         latency = time.perf_counter() - t0
         try:
             usage = json.loads(text)["usage"]
@@ -209,11 +232,13 @@ class EngineProbe:
     ) -> LevelResult:
         """``concurrency`` workers send ``requests`` requests in total, back to back.
 
-        Throughput is measured in steady state: the completions after the time of the ``n/4``-th and up to
-        the time of the ``3n/4``-th, over that time span, which leaves out the ramp-up and the drain at the
-        end. Token means and ``usages`` cover every request of the run: in steady state each shape of a
-        mix completes as often as it is sent, whereas the completions inside a short window are biased
-        towards whichever shapes happen to finish there.
+        Wall clock: throughput is measured in steady state, the completions after the time of the
+        ``n/4``-th and up to the time of the ``3n/4``-th over that time span (leaves out ramp-up and drain).
+        Busy clock (the replica's CPU time): every request of the run over the busy seconds of the whole
+        run. An idle replica accrues no busy time, so ramp-up and drain cost nothing extra, and the total
+        is exactly the sum of what the run's requests cost; a window would count only the completions
+        that land in it, which for a mix of cheap and dear shapes is a biased sample. Token means and
+        ``usages`` always cover every request of the run.
         """
         counter = itertools.count()
         results: list[tuple[int, int, float, float]] = []  # prompt, completion, latency, finished at
@@ -223,50 +248,31 @@ class EngineProbe:
                 p, c, lat = await self.send(shapes(i))
                 results.append((p, c, lat, time.perf_counter()))
 
-        samples: list[tuple[float, float]] = []
         clock = self.busy_clock
-
-        async def sampler() -> None:
-            assert clock is not None
-            while True:
-                samples.append((time.perf_counter(), clock()))
-                await asyncio.sleep(self.busy_sample_s)
-
+        busy0 = clock() if clock is not None else 0.0
         t0 = time.perf_counter()
-        sampling = asyncio.create_task(sampler()) if clock is not None else None
         try:
             async with asyncio.TaskGroup() as tg:  # one failure cancels the other workers
                 for _ in range(concurrency):
                     tg.create_task(worker())
         except* CalibrationError as group:
             raise group.exceptions[0] from None
-        finally:
-            if sampling is not None:
-                sampling.cancel()
         elapsed = time.perf_counter() - t0
-        if clock is not None:
-            samples.append((time.perf_counter(), clock()))
+        busy = clock() - busy0 if clock is not None else None
         n = len(results)
         results.sort(key=lambda r: r[3])
         lo, hi, span = steady_state_window([r[3] for r in results], elapsed)
         window = results[lo:hi]
         k = len(window)
         wall_rps = k / span if span > 0 else math.inf
-        busy: float | None = None
-        if clock is not None and samples:
-            if hi - lo == n:  # no steady-state window: the whole run
-                busy = samples[-1][1] - samples[0][1]
-            else:
-                t_lo, t_hi = results[lo - 1][3], results[hi - 1][3]
-                busy = _interpolate(samples, t_hi) - _interpolate(samples, t_lo)
         return LevelResult(
             concurrency=concurrency,
             requests=n,
             elapsed_s=elapsed,
-            throughput_rps=k / busy if busy is not None and busy > 0 else wall_rps,
+            throughput_rps=n / busy if busy is not None and busy > 0 else wall_rps,
             wall_throughput_rps=wall_rps,
             busy_s=busy,
-            mean_latency_s=sum(r[2] for r in window) / k,
+            mean_latency_s=sum(r[2] for r in results) / n,
             mean_prompt_tokens=sum(r[0] for r in results) / n,
             mean_completion_tokens=sum(r[1] for r in results) / n,
             usages=[(r[0], r[1]) for r in results],
@@ -282,16 +288,25 @@ class EngineProbe:
         growth: float = 0.05,
         patience: int = 2,
         on_level: Callable[[LevelResult], None] | None = None,
+        min_busy_s: float = 0.0,
+        cycle: int = 1,
     ) -> SaturationResult:
         """Climb the ladder until ``patience`` rungs in a row fail to beat the best throughput by ``growth``.
 
         Patience 2 because a closed loop of exactly as many clients as the engine has batch slots leaves
         slots idle during every client round trip; the next rung (queued requests) is what saturates it.
+        ``min_busy_s``: with a busy clock, a rung that used less busy time than this is extended with more
+        requests (whole ``cycle``s, at most 8x), so clock ticks (10 ms for process CPU time) stay small
+        against what is measured.
         """
         result = SaturationResult()
         stalled = 0
         for c in ladder:
             level = await self.closed_loop(shapes, c, max(c * requests_per_worker, min_requests))
+            if level.busy_s is not None and 0 < level.busy_s < min_busy_s:
+                more = math.ceil(level.requests * min(1.2 * min_busy_s / level.busy_s - 1.0, 7.0))
+                more = -(-more // cycle) * cycle
+                level = _merge(level, await self.closed_loop(shapes, c, more))
             if on_level is not None:
                 on_level(level)
             prev = result.saturated_rps if result.levels else 0.0
@@ -305,9 +320,32 @@ class EngineProbe:
         return result
 
 
-def _constant(shape: Shape) -> Callable[[int], Shape]:
-    def pick(_i: int) -> Shape:
-        return shape
+def _merge(a: LevelResult, b: LevelResult) -> LevelResult:
+    """Two runs of the same rung as one (busy-clock throughput over both; token means over both)."""
+    n = a.requests + b.requests
+    busy = (a.busy_s or 0.0) + (b.busy_s or 0.0)
+    elapsed = a.elapsed_s + b.elapsed_s
+    return LevelResult(
+        concurrency=a.concurrency,
+        requests=n,
+        elapsed_s=elapsed,
+        throughput_rps=n / busy if busy > 0 else n / elapsed,
+        wall_throughput_rps=n / elapsed,
+        busy_s=busy,
+        mean_latency_s=(a.mean_latency_s * a.requests + b.mean_latency_s * b.requests) / n,
+        mean_prompt_tokens=(a.mean_prompt_tokens * a.requests + b.mean_prompt_tokens * b.requests) / n,
+        mean_completion_tokens=(a.mean_completion_tokens * a.requests + b.mean_completion_tokens * b.requests)
+        / n,
+        usages=[*a.usages, *b.usages],
+    )
+
+
+def _cycle(shapes: Sequence[Shape]) -> Callable[[int], Shape]:
+    """Request ``i`` gets ``shapes[i % len(shapes)]`` (one shape: every request alike)."""
+    cycle = list(shapes)
+
+    def pick(i: int) -> Shape:
+        return cycle[i % len(cycle)]
 
     return pick
 
@@ -333,7 +371,10 @@ class CalibrationRun:
                 "engine_url": engine,
                 "requested_model": model,
                 "quick": quick,
-                "method": "closed-loop saturation per shape; replica_seconds = 1 / saturated req/s; NNLS",
+                "method": (
+                    "closed-loop saturation per shape (and mixed runs); replica_seconds = busy s per"
+                    " request or 1 / saturated req/s; NNLS weighted by 1/measured"
+                ),
                 "replica_clock": self.replica_clock,
                 "holdout_indices": cal.holdout,
                 "measurements": [m.as_dict() for m in self.measurements],
@@ -358,6 +399,7 @@ async def calibrate_engine(
     name: str | None = None,
     busy_clock: Callable[[], float] | None = None,
     min_requests: int = 8,
+    min_busy_s: float = 1.0,
 ) -> CalibrationRun:
     """Run the sweep against ``engine`` and fit the profile (see the module docstring).
 
@@ -366,7 +408,18 @@ async def calibrate_engine(
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    points = list(design) if design is not None else default_design(quick)
+    if design is not None:
+        points = list(design)
+    else:
+        points = default_design(quick)
+        if not quick:  # the full sweep also measures shapes interleaved (see docs/model-units.md)
+            points += mixed_design(
+                sorted({p.input_tokens for p in points}),
+                sorted({p.output_tokens for p in points}),
+                points[0].concurrencies,
+                4,
+                random.Random(seed + 1),
+            )
     rpw = requests_per_worker if requests_per_worker is not None else (2 if quick else 6)
     measurements: list[Measurement] = []
     ladders: list[dict[str, Any]] = []
@@ -386,10 +439,16 @@ async def calibrate_engine(
             task = bar.add_task("words per token", total=len(points))
             words_cache: dict[int, int] = {}
             for point in points:
-                if point.input_tokens not in words_cache:
-                    words_cache[point.input_tokens] = await probe.words_for(point.input_tokens)
-                shape = Shape(words_cache[point.input_tokens], point.output_tokens)
-                label = f"in={point.input_tokens} out={point.output_tokens}"
+                wanted = point.mix or ((point.input_tokens, point.output_tokens),)
+                for inp, _ in wanted:
+                    if inp not in words_cache:
+                        words_cache[inp] = await probe.words_for(inp)
+                cycle = [Shape(words_cache[i], o) for i, o in wanted]
+                label = (
+                    f"in={point.input_tokens} out={point.output_tokens}"
+                    if not point.mix
+                    else "mix " + "+".join(f"{i}x{o}" for i, o in point.mix)
+                )
                 bar.update(task, description=label)
 
                 def show(level: LevelResult, label: str = label) -> None:
@@ -397,12 +456,17 @@ async def calibrate_engine(
                         task, description=f"{label} c={level.concurrency} {level.throughput_rps:.2f} req/s"
                     )
 
+                # a mixed run sends whole cycles of its shapes, so each is counted as often as it is sent
+                least = -(-min_requests // len(cycle)) * len(cycle)
+                per_worker = -(-rpw // len(cycle)) * len(cycle) if point.mix else rpw
                 sat = await probe.saturate(
-                    _constant(shape),
+                    _cycle(cycle),
                     point.concurrencies,
-                    requests_per_worker=rpw,
-                    min_requests=min_requests,
+                    requests_per_worker=per_worker,
+                    min_requests=least,
                     on_level=show,
+                    min_busy_s=min_busy_s if busy_clock is not None else 0.0,
+                    cycle=len(cycle),
                 )
                 best = sat.best
                 measurements.append(
@@ -414,13 +478,15 @@ async def calibrate_engine(
                         requests=best.requests,
                         throughput_rps=best.throughput_rps,
                         latency_s=best.mean_latency_s,
+                        mix=tuple(best.usages) if point.mix else (),
                     )
                 )
                 ladders.append(
                     {
                         "input_tokens": point.input_tokens,
                         "output_tokens": point.output_tokens,
-                        "words": shape.words,
+                        "mix": [list(m) for m in point.mix],
+                        "words": [c.words for c in cycle],
                         "levels": [lv.as_dict() for lv in sat.levels],
                     }
                 )
@@ -492,7 +558,7 @@ def run_calibration(
             raise typer.Exit(1) from exc
 
         def clock() -> float:
-            return process_cpu_seconds(pid)
+            return process_tree_cpu_seconds(pid)
 
     try:
         run = asyncio.run(calibrate_engine(engine, model, quick=quick, busy_clock=clock))

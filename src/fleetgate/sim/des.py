@@ -2,7 +2,8 @@
 
 Vidur's vocabulary: *entities* (``SimRequest``, ``SimReplica``; ``sim.entities``), *events* on one heap
 ordered by ``(time, sequence number)`` (the number is per run, so ties resolve in insertion order and runs are
-reproducible), a *global scheduler* (the router: a ``RoutingPolicy`` from ``core.routing.registry``, called
+reproducible; arrivals are read from the sorted trace, each holding the number its push would have had, so
+they keep that order without heap traffic), a *global scheduler* (the router: a ``RoutingPolicy`` from ``core.routing.registry``, called
 exactly as the gateway calls it) and *replica schedulers* (each replica's engine performance model, advanced
 one **batch change** at a time through its macro step instead of one token at a time).
 
@@ -31,11 +32,28 @@ from fleetgate.core.autoscale import AutoscaleContext, Autoscaler
 from fleetgate.core.errors import ServiceUnavailableError
 from fleetgate.core.routing.base import RoutingPolicy
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage
-from fleetgate.core.units import CostProfile, OutputHistory
+from fleetgate.core.units import CostProfile
 from fleetgate.sim import metrics as M
-from fleetgate.sim.entities import EngineModel, EventKind, ReplicaState, SimReplica, SimRequest
+from fleetgate.sim.entities import (
+    EngineModel,
+    EventKind,
+    ReplicaState,
+    SimReplica,
+    SimRequest,
+    SortedOutputHistory,
+    engine_request,
+    frozen_builder,
+    request_info,
+)
 from fleetgate.sim.traces import Trace
-from fleetgate.simengine.perfmodel import EngineRequest, StepResult
+from fleetgate.simengine.perfmodel import StepResult
+
+usage = frozen_builder(Usage, ("prompt_tokens", "completion_tokens", "cached_tokens"))
+
+
+def _second(kv: tuple[str, float]) -> float:
+    return kv[1]
+
 
 ARRIVAL = int(EventKind.ARRIVAL)
 ENGINE_STEP = int(EventKind.ENGINE_STEP)
@@ -112,7 +130,9 @@ class Simulator:
         self.autoscaler = autoscaler
         self.admission = admission
         self.rng = random.Random(config.seed)
-        self.history = OutputHistory()
+        # core.units.OutputHistory's answers, with an O(1) p90 (the simulator asks once per request).
+        self.history = SortedOutputHistory()
+        self._est_out: dict[str, float] = {}  # tenant -> expected output tokens until its next completion
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self.now = 0.0
@@ -127,13 +147,16 @@ class Simulator:
         self._active: dict[str, SimRequest] = {}
         self._too_large = 0
         self._fits: Callable[[int, int], bool] | None = None
+        # Per-request results: pre-sized Python lists while running (a list store is several times cheaper
+        # than a numpy scalar store), numpy arrays from ``_result`` on.
         n = len(trace.requests)
-        self._first = np.full(n, np.nan)
-        self._done = np.full(n, np.nan)
-        self._replica_of = np.full(n, -1, dtype=np.int64)
-        self._cached = np.zeros(n, dtype=np.int64)
-        self._cost = np.zeros(n)
-        self._dispatch = np.full(n, np.nan)
+        nan = math.nan
+        self._first: Any = [nan] * n
+        self._done: Any = [nan] * n
+        self._replica_of: Any = [-1] * n
+        self._cached: Any = [0] * n
+        self._cost: Any = [0.0] * n
+        self._dispatch: Any = [nan] * n
         self._rejected = 0
         self._replica_series: list[tuple[float, int, int]] = []
         self._name_index: dict[str, SimReplica] = {}
@@ -219,21 +242,24 @@ class Simulator:
         return snaps
 
     def _request_info(self, idx: int) -> RequestInfo:
+        """What the gateway knows before routing: the estimate from the tenant's observed p90 output."""
         tr = self.trace.requests[idx]
-        p90 = self.history.p90(tr.tenant)
-        est_out = self.profile.expected_output_tokens(None, p90)
-        cost = self.profile.cost(tr.input_tokens, est_out)
-        return RequestInfo(
-            request_id=self.cfg.request_ids(idx),
-            model=self.cfg.model,
-            tenant=tr.tenant,
-            input_tokens=tr.input_tokens,
-            estimated_output_tokens=int(est_out),
-            cost_mu=cost,
-            prefix_hashes=tr.hash_ids,
-            prefix_block_tokens=tr.block_tokens,
-            session_key=tr.session,
-            arrival_s=tr.arrival_s,
+        tenant = tr.tenant
+        est_out = self._est_out.get(tenant)
+        if est_out is None:  # changes only when the tenant's output history does
+            p90 = self.history.p90(tenant)
+            est_out = self._est_out[tenant] = self.profile.expected_output_tokens(None, p90)
+        return request_info(
+            self.cfg.request_ids(idx),
+            self.cfg.model,
+            tenant,
+            tr.input_tokens,
+            int(est_out),
+            self.profile.cost(tr.input_tokens, est_out),
+            tr.hash_ids,
+            tr.block_tokens,
+            tr.session,
+            tr.arrival_s,
         )
 
     def _on_arrival(self, idx: int, now: float) -> None:
@@ -253,21 +279,22 @@ class Simulator:
             self._rejected += 1
             return
         rep = self._by_name(decision.replica)
-        req = SimRequest(idx, info, info.cost_mu, rep.idx, now)
-        self._active[info.request_id] = req
+        cost = info.cost_mu
+        rid = info.request_id
+        self._active[rid] = SimRequest(idx, info, cost, rep.idx, now)
         self.policy.on_dispatch(info, rep.name, now)
         rep.inflight_requests += 1
-        rep.inflight_mu += info.cost_mu
+        rep.inflight_mu += cost
         rep.mark_dirty()
-        self._inflight_total_mu += info.cost_mu
+        self._inflight_total_mu += cost
         self._inflight_total_req += 1
         self._dispatch[idx] = now
         self._replica_of[idx] = rep.idx
         eng = rep.engine
-        self._handle_outputs(rep, eng.advance(now))
-        eng.submit(
-            EngineRequest(info.request_id, tr.input_tokens, out_tokens, tr.hash_ids, 0, tr.block_tokens), now
-        )
+        res = eng.advance(now)
+        if res.finished or res.first_token or res.cached_tokens:
+            self._handle_outputs(rep, res)
+        eng.submit(engine_request(rid, tr.input_tokens, out_tokens, tr.hash_ids, 0, tr.block_tokens), now)
         self._reschedule(rep)
 
     def _by_name(self, name: str) -> SimReplica:
@@ -284,23 +311,31 @@ class Simulator:
         if t is None:
             rep.scheduled_s = None
             return
-        if rep.scheduled_s is not None and rep.scheduled_s == t:
+        if rep.scheduled_s == t:
             return  # the pending event is still right
         rep.version += 1
         rep.scheduled_s = t
-        self._push(t, ENGINE_STEP, (rep, rep.version))
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, ENGINE_STEP, (rep, rep.version)))
 
     def _handle_outputs(self, rep: SimReplica, res: StepResult) -> None:
         active = self._active
         if res.cached_tokens:
+            cached_of = self._cached
             for rid, cached in res.cached_tokens.items():
-                self._cached[active[rid].idx] = cached
+                cached_of[active[rid].idx] = cached
         if res.first_token:
+            first = self._first
             for rid, t in res.first_token.items():
-                self._first[active[rid].idx] = t
+                first[active[rid].idx] = t
         if res.finished:
-            for rid, t in sorted(res.finished.items(), key=lambda kv: kv[1]):
-                self._finish(rep, rid, t)
+            fin = res.finished
+            if len(fin) == 1:
+                for rid, t in fin.items():
+                    self._finish(rep, rid, t)
+            else:
+                for rid, t in sorted(fin.items(), key=_second):
+                    self._finish(rep, rid, t)
 
     def _finish(self, rep: SimReplica, rid: str, t: float) -> None:
         req = self._active.pop(rid)
@@ -309,13 +344,7 @@ class Simulator:
         if math.isnan(self._first[i]):
             self._first[i] = t
         self._done[i] = t
-        cost = self.profile.settle(
-            Usage(
-                prompt_tokens=tr.input_tokens,
-                completion_tokens=tr.output_tokens,
-                cached_tokens=int(self._cached[i]),
-            )
-        )
+        cost = self.profile.settle(usage(tr.input_tokens, tr.output_tokens, self._cached[i]))
         self._cost[i] = cost
         rep.inflight_requests -= 1
         rep.inflight_mu -= req.est_mu
@@ -324,9 +353,11 @@ class Simulator:
         rep.mark_dirty()
         self._inflight_total_mu -= req.est_mu
         self._inflight_total_req -= 1
-        self._settled.append((t, cost))
-        self._settled_sum += cost
+        if self.autoscaler is not None:  # the settled-MU window only feeds the autoscaler
+            self._settled.append((t, cost))
+            self._settled_sum += cost
         self.history.observe(tr.tenant, tr.output_tokens)
+        self._est_out.pop(tr.tenant, None)
         self.policy.on_complete(req.info, rep.name, t, cost, True)
         if self.admission is not None:
             self.admission.settle(req.info, cost, t)
@@ -368,8 +399,14 @@ class Simulator:
         probe = self.replicas[0].engine if self.replicas else self.engine_factory("probe")
         self._fits = getattr(probe, "fits", None)
         self._record_replicas(0.0)
+        # Arrivals are read from the sorted trace instead of going through the heap: the next one carries the
+        # sequence number its push would have had, so events keep exactly their (time, sequence) order.
+        nxt = 0
+        arr_t = 0.0
+        arr_seq = 0
         if n:
-            self._push(reqs[0].arrival_s, ARRIVAL, 0)
+            self._seq += 1
+            arr_t, arr_seq = reqs[0].arrival_s, self._seq
         if self.cfg.scrape_interval_s > 0:
             self._push(0.0, SCRAPE_TICK, None)
         if self.autoscaler is not None:
@@ -380,27 +417,46 @@ class Simulator:
         every = max(1, self.cfg.progress_every)
         arrived = 0
         scrape_iv = self.cfg.scrape_interval_s
-        while heap:
+        on_arrival = self._on_arrival
+        handle = self._handle_outputs
+        reschedule = self._reschedule
+        while True:
+            if nxt < n:
+                if heap:
+                    top = heap[0]
+                    ht = top[0]
+                    is_arrival = arr_t < ht or (arr_t == ht and arr_seq < top[1])
+                else:
+                    is_arrival = True
+                if is_arrival:
+                    t = arr_t
+                    idx = nxt
+                    nxt += 1
+                    self.now = t
+                    if nxt < n:
+                        self._seq += 1
+                        arr_t, arr_seq = reqs[nxt].arrival_s, self._seq
+                    if scrape_iv <= 0:
+                        for r in self.replicas:
+                            r.scrape()
+                    on_arrival(idx, t)
+                    arrived += 1
+                    if progress is not None and arrived % every == 0:
+                        progress(arrived, n)
+                    continue
+            elif not heap:
+                break
             t, _, kind, payload = pop(heap)
             self.now = t
             if kind == ENGINE_STEP:
                 rep, version = payload
                 if version != rep.version:
-                    continue
+                    continue  # superseded by a later reschedule of the same replica
                 rep.scheduled_s = None
-                self._handle_outputs(rep, rep.engine.advance(t))
-                self._reschedule(rep)
-            elif kind == ARRIVAL:
-                idx = payload
-                if idx + 1 < n:
-                    self._push(reqs[idx + 1].arrival_s, ARRIVAL, idx + 1)
-                if scrape_iv <= 0:
-                    for r in self.replicas:
-                        r.scrape()
-                self._on_arrival(idx, t)
-                arrived += 1
-                if progress is not None and arrived % every == 0:
-                    progress(arrived, n)
+                res = rep.engine.advance(t)
+                if res.finished or res.first_token or res.cached_tokens:
+                    handle(rep, res)
+                reschedule(rep)
             elif kind == SCRAPE_TICK:
                 for r in self.replicas:
                     if r.state != ReplicaState.STOPPED:
@@ -427,6 +483,12 @@ class Simulator:
 
     def _result(self, wall_s: float) -> RunResult:
         reqs = self.trace.requests
+        self._first = np.array(self._first, dtype=np.float64)
+        self._done = np.array(self._done, dtype=np.float64)
+        self._replica_of = np.array(self._replica_of, dtype=np.int64)
+        self._cached = np.array(self._cached, dtype=np.int64)
+        self._cost = np.array(self._cost, dtype=np.float64)
+        self._dispatch = np.array(self._dispatch, dtype=np.float64)
         arrival = np.array([r.arrival_s for r in reqs]) if reqs else np.zeros(0)
         inputs = np.array([r.input_tokens for r in reqs], dtype=np.int64) if reqs else np.zeros(0, np.int64)
         outputs = np.array([r.output_tokens for r in reqs], dtype=np.int64) if reqs else np.zeros(0, np.int64)

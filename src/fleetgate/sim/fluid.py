@@ -27,6 +27,7 @@ Replica-seconds count from provisioning to stop, as in discrete-event mode.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import deque
@@ -236,6 +237,14 @@ class FluidSimulator:
         backlog = 0.0
         settled: deque[tuple[float, float]] = deque()
         settled_sum = 0.0
+        # Requests in flight, as the gateway counts them: a step's arrivals join at their arrival and leave at
+        # arrival + their end-to-end latency, when their real MU settles (as in discrete-event mode).
+        # Entries: (completion time, real MU, requests, estimated MU).
+        completing: list[tuple[float, float, float, float]] = []
+        # Backlog stranded on replicas that were ready before a scale-up: routing sends new arrivals to the
+        # fresh (empty) replicas, so only the old ones drain it, at their own rate.
+        stuck = 0.0
+        stuck_reps = 0
         inflight_req = 0.0
         inflight_mu = 0.0
         state: Any = None
@@ -249,8 +258,6 @@ class FluidSimulator:
         max_seqs = float(perf.max_num_seqs)
         kv_tokens = float(perf.kv_capacity_tokens)
         sm_n = sm_a = sm_pf = sm_pf2 = sm_out = sm_in = 0.0
-        cum_n: list[float] = [0.0]
-        cum_mu: list[float] = [0.0]
         smooth = min(1.0, dt / 30.0)
         ca2 = w.arrival_cv2
         q_pref = 0.0  # prefill seconds per replica carried over from earlier steps
@@ -262,10 +269,26 @@ class FluidSimulator:
         replicas_series.append((0.0, ready, ready))
         for i in range(n_steps):
             now = i * dt
+            was_ready = ready
             while starting and starting[0] <= now:
                 starting.popleft()
                 ready += 1
                 replicas_series.append((now, ready, ready + len(starting)))
+            if ready > was_ready and was_ready > 0 and backlog > 1e-9:
+                # The queue built up on the old replicas stays there (requests are not moved once
+                # dispatched); least-loaded routing sends everything new to the replicas that just started.
+                stuck += backlog
+                stuck_reps = was_ready
+                backlog = 0.0
+                q_pref = 0.0
+            while completing and completing[0][0] <= now:
+                t_done, mu_done, n_done, est_done = heapq.heappop(completing)
+                settled.append((t_done, mu_done))
+                settled_sum += mu_done
+                inflight_req -= n_done
+                inflight_mu -= est_done
+            if not completing:
+                inflight_req = inflight_mu = 0.0  # no float drift
             if self.autoscaler is not None and now >= next_scale:
                 next_scale = now + cfg.autoscale_interval_s
                 while settled and settled[0][0] < now - 60.0:
@@ -277,8 +300,8 @@ class FluidSimulator:
                     starting_replicas=len(starting),
                     capacity_mu_per_min=self.profile.capacity_mu_per_min,
                     settled_mu_per_min=max(0.0, settled_sum),
-                    inflight_mu=inflight_mu,
-                    inflight_requests=inflight_req,
+                    inflight_mu=max(0.0, inflight_mu),
+                    inflight_requests=max(0.0, inflight_req),
                     policy_state=state,
                 )
                 desired, state = self.autoscaler.decide(ctx)
@@ -297,6 +320,7 @@ class FluidSimulator:
                         drop -= 1
                     drop = min(drop, ready)
                     ready -= drop
+                    stuck_reps = min(stuck_reps, ready)
                     for _ in range(drop):
                         replica_seconds += now - provisioned.pop(0)
                     replicas_series.append((now, ready, ready + len(starting)))
@@ -329,16 +353,26 @@ class FluidSimulator:
             seqs = min(max_seqs, kv_tokens / max(1.0, e_in + e_out / 2.0))
             per_req_s = e_pf_tok + e_out * ps_eff + e_out * iter_base / seqs
             lam_sat = 1.0 / per_req_s if per_req_s > 0 else math.inf
-            fleet_rate = ready * lam_sat * e_mu if e_mu > 0 else ready * cap_rate  # MU/s the fleet serves
+            rep_rate = lam_sat * e_mu if e_mu > 0 else cap_rate  # MU/s one replica serves
+            if stuck > 0 and (stuck_reps >= ready or backlog * stuck_reps >= stuck * (ready - stuck_reps)):
+                # No fresh replica left, or the fresh replicas' queues have caught up with the old ones:
+                # least-loaded routing spreads new arrivals over all of them again (one common queue).
+                backlog += stuck
+                stuck, stuck_reps = 0.0, 0
+            stuck_served = 0.0
+            if stuck > 0:
+                stuck_served = min(stuck, stuck_reps * rep_rate * dt)
+                stuck -= stuck_served
+                if stuck <= 1e-9:
+                    stuck, stuck_reps = 0.0, 0
+            fresh = ready - stuck_reps if stuck > 0 else ready  # replicas new arrivals are routed to
+            fleet_rate = fresh * rep_rate  # MU/s the replicas taking new arrivals serve
             backlog += a
             served = min(backlog, fleet_rate * dt)
             backlog -= served
-            served_total += served
-            if served > 0:
-                settled.append((now, served))
-                settled_sum += served
-            if ready > 0 and fleet_rate > 0:
-                lam = min(sm_n / ready, lam_sat)  # requests per second per replica actually served
+            served_total += served + stuck_served
+            if fresh > 0 and fleet_rate > 0:
+                lam = min(sm_n / fresh, lam_sat)  # requests per second per replica actually served
                 rho_p = min(0.95, lam * e_pf_tok)
                 x = 1.0 - rho_p - lam * e_out * ps_eff
                 decode_batch = min(seqs, lam * e_out * iter_base / x) if x > 1e-6 else seqs
@@ -351,42 +385,27 @@ class FluidSimulator:
                 e_pf = e_pf_tok + iter_base
                 cs2 = max(0.0, e_pf2 / (e_pf * e_pf) - 1.0) if e_pf > 0 else 1.0
                 pk = lam * e_pf2 / (2.0 * (1.0 - rho_p)) * (ca2 + cs2) / (1.0 + cs2)
-                slack = (seqs - decode_batch) * ready * e_mu
+                slack = (seqs - decode_batch) * fresh * e_mu
                 queued = backlog - slack if backlog > slack else 0.0
                 # Prompt work beyond what a replica can prefill in this step (bursts) waits for the next.
                 # (During a burst every iteration carries a full prefill chunk plus the running decodes.)
                 prefill_share = chunk_s / (chunk_s + step_t)
                 wait = q_pref + queued / fleet_rate + pk + 0.5 * step_t + ps_eff * decode_batch
-                q_pref = max(0.0, q_pref + in_arr[i] * a_p / ready - dt * prefill_share)
+                q_pref = max(0.0, q_pref + in_arr[i] * a_p / fresh - dt * prefill_share)
                 # Decoders share iterations with prompt chunks: a token takes step_t / (1 - rho_p).
-                e2e = wait + e_pf_tok + e_out * step_t / (1.0 - rho_p)
+                svc = e_pf_tok + e_out * step_t / (1.0 - rho_p)
+                e2e = wait + svc
             else:
                 wait = math.inf if n > 0 else 0.0
                 e2e = 0.0
+                svc = 0.0
             base_wait[i] = wait
-            # In flight (for the autoscaler): what arrived within the last mean latency (Little's law, but on
-            # the raw per-step arrivals so the autoscaler sees the same fluctuations as in discrete-event
-            # mode). The gateway counts in-flight MU at its *estimate* (output budgeted at the p90).
-            est = a + (n * self.profile.beta * out_p90 - self.profile.beta * out_arr[i] if n > 0 else 0.0)
-            cum_n.append(cum_n[-1] + n)
-            cum_mu.append(cum_mu[-1] + est)
-            if ready > 0 and math.isfinite(e2e):
-                back = e2e / dt
-                j = i + 1 - back
-                if j <= 0:
-                    inflight_req, inflight_mu = cum_n[-1], cum_mu[-1]
-                else:
-                    j0 = int(j)
-                    f = j - j0
-                    inflight_req = cum_n[-1] - (
-                        cum_n[j0] + f * (cum_n[j0 + 1] - cum_n[j0]) if j0 + 1 <= i + 1 else cum_n[j0]
-                    )
-                    inflight_mu = cum_mu[-1] - (
-                        cum_mu[j0] + f * (cum_mu[j0 + 1] - cum_mu[j0]) if j0 + 1 <= i + 1 else cum_mu[j0]
-                    )
-            else:
-                inflight_req = backlog / e_mu if e_mu > 0 else 0.0
-                inflight_mu = backlog
+            if n > 0 and math.isfinite(wait) and math.isfinite(e2e):
+                # The gateway counts in-flight MU at its *estimate* (output budgeted at the p90).
+                est = a + n * self.profile.beta * out_p90 - self.profile.beta * out_arr[i]
+                inflight_req += n
+                inflight_mu += est
+                heapq.heappush(completing, (now + e2e, a, n, est))
             if progress is not None and i % report_every == 0:
                 progress(i, n_steps)
         end = n_steps * dt

@@ -82,6 +82,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -347,12 +348,15 @@ class _Segment:
     __slots__ = (
         "admitted",
         "base",
+        "changed",
+        "d",
         "emits",
         "end",
         "finishing",
         "first",
         "k",
         "kind",
+        "kv0",
         "preempted",
         "reqs",
         "slope",
@@ -366,6 +370,9 @@ class _Segment:
         self.k = 1
         self.base = 0.0  # macro: duration of the first iteration
         self.slope = 0.0  # macro: growth of the iteration time per iteration
+        self.d = 0  # macro: requests in the batch
+        self.kv0 = 0  # macro: KV tokens the batch holds at ``start``
+        self.changed = False  # macro: a request was submitted or cancelled while it was in flight
         self.reqs: list[_Req] = []
         self.emits: list[_Req] = []  # step: requests that emit one token at the end
         self.first: list[_Req] = []  # step: requests whose first token comes at the end
@@ -379,10 +386,10 @@ class _Segment:
 
     def iterations_ending_by(self, until: float) -> int:
         """Largest ``j <= k`` with ``start + cum(j) <= until``."""
-        if self.start + self.cum(self.k) <= until:
+        if self.end <= until:  # ``end`` is always ``start + cum(k)``
             return self.k
         x = until - self.start
-        if x <= 0:
+        if x <= 0 or self.start + self.base > until:  # cum(1) == base
             return 0
         if self.slope > 0:
             a, b = self.slope / 2, self.base - self.slope / 2
@@ -411,9 +418,14 @@ def _blocks(tokens: int, bt: int) -> int:
 class EngineModel:
     """Step-based continuous-batching engine; see the module docstring for the model and the API."""
 
-    def __init__(self, params: PerfParams | None = None, *, macro: bool = True) -> None:
+    def __init__(
+        self, params: PerfParams | None = None, *, macro: bool = True, track_emitted: bool = True
+    ) -> None:
         self.params = params or PerfParams()
         self.macro = macro
+        # ``False`` leaves ``StepResult.emitted`` empty (callers that only need first tokens and finishes,
+        # such as the fleet simulator, skip one dict update per request and iteration).
+        self.track_emitted = track_emitted
         self.cache = PrefixCache(self.params.cache_blocks)
         self._total_blocks = self.params.kv_blocks
         self._used_blocks = 0
@@ -529,11 +541,13 @@ class EngineModel:
         if seg is None:
             if self._pending is None:
                 self._pending = now
-        elif seg.kind == _MACRO and seg.k > 1:
-            j = seg.first_boundary_at_or_after(now)
-            if j < seg.k:
-                seg.k = j
-                seg.end = seg.start + seg.cum(j)
+        elif seg.kind == _MACRO:
+            seg.changed = True
+            if seg.k > 1:
+                j = seg.first_boundary_at_or_after(now)
+                if j < seg.k:
+                    seg.k = j
+                    seg.end = seg.start + seg.cum(j)
 
     def _ensure_planned(self) -> None:
         """Plan the segment due at the pending start time (planning is lazy so same-time arrivals join)."""
@@ -575,6 +589,12 @@ class EngineModel:
                 if j == 0:
                     break
                 last_end = self._apply_macro(seg, j, res)
+                if j < seg.k and last_end < until and not seg.changed:
+                    # Nothing was submitted or cancelled: planning at ``last_end`` would give the same batch
+                    # for the remaining iterations (no finish before the k-th, free blocks only shrink, the
+                    # queue head and the cache are unchanged), so continue the segment without replanning.
+                    self._rebase_macro(seg, j, last_end)
+                    break
             self._seg = None
             if self._running or self._n_waiting:
                 self._pending = last_end
@@ -634,20 +654,38 @@ class EngineModel:
             return False
         bt = p.block_tokens
         total = self._total_blocks
-        k_finish = min(r.max_out - r.generated for r in running)
-        # Blocks needed by iteration i (0-based): sum ceil((kv + i + 1) / bt).
-        need0 = sum(_blocks(r.kv + 1, bt) for r in running)
-        if need0 > total:
-            return False  # a preemption is due: single step
-        # Nothing admissible during the run (free blocks only shrink, the cache does not change).
+        need_head = -1
         if self._n_waiting and d < p.max_num_seqs and budget - d > 0:
             head = self._peek_waiting()
             if head is not None:
-                _, _, _, need = self._admission(head, budget - d)
-                if need <= total - need0:
+                need_head = self._admission(head, budget - d)[3]
+                # The first iteration needs at most one new block per request (need0 below <= used + d):
+                # the head is admissible whatever the exact count, so no macro (and no pass over the batch).
+                if need_head <= total - self._used_blocks - d:
                     return False
+        # One pass: iterations until the first finish, blocks needed by the first iteration
+        # (sum ceil((kv + 1) / bt)), KV tokens held.
+        k_finish = 1 << 62
+        need0 = 0
+        kv_tokens = 0
+        for r in running:
+            rem = r.max_out - r.generated
+            if rem < k_finish:
+                k_finish = rem
+            kv = r.kv
+            kv_tokens += kv
+            need0 += (kv + bt) // bt
+        if need0 > total:
+            return False  # a preemption is due: single step
+        # Nothing admissible during the run (free blocks only shrink, the cache does not change).
+        if need_head >= 0 and need_head <= total - need0:
+            return False
         k = k_finish
-        if sum(_blocks(r.kv + k, bt) for r in running) > total:
+        # sum ceil((kv + k) / bt) <= (kv_tokens + d (k + bt - 1)) / bt: the exact sum only when that bound
+        # does not already show that the blocks last for all ``k`` iterations.
+        if (kv_tokens + d * (k + bt - 1)) // bt > total and sum(
+            _blocks(r.kv + k, bt) for r in running
+        ) > total:
             lo, hi = 1, k  # feasible count lo, infeasible hi
             while hi - lo > 1:
                 mid = (lo + hi) // 2
@@ -656,9 +694,10 @@ class EngineModel:
                 else:
                     hi = mid
             k = lo
-        kv_tokens = sum(r.kv for r in running)
         seg = _Segment(_MACRO, t, t)
         seg.k = k
+        seg.d = d
+        seg.kv0 = kv_tokens
         seg.base = p.step_overhead_s + p.decode_s_per_seq * d + p.decode_s_per_kv_token * kv_tokens
         seg.slope = p.decode_s_per_kv_token * d
         seg.reqs = list(running)
@@ -666,25 +705,46 @@ class EngineModel:
         self._seg = seg
         return True
 
+    def _rebase_macro(self, seg: _Segment, j: int, t: float) -> None:
+        """Keep the last ``k - j`` iterations of a macro segment in flight, starting at ``t``.
+
+        Exactly what ``_try_macro(t)`` would plan after the first ``j`` (same batch, ``k - j`` iterations,
+        the same float expressions), without its pass over the batch.
+        """
+        p = self.params
+        d = seg.d
+        kv_tokens = seg.kv0 + d * j
+        seg.kv0 = kv_tokens
+        seg.k -= j
+        seg.start = t
+        seg.base = p.step_overhead_s + p.decode_s_per_seq * d + p.decode_s_per_kv_token * kv_tokens
+        seg.end = t + seg.cum(seg.k)
+
     def _apply_macro(self, seg: _Segment, j: int, res: StepResult) -> float:
         """Apply the first ``j`` iterations of a macro segment; returns their end time."""
         end = seg.start + seg.cum(j)
         bt = self.params.block_tokens
-        emitted = res.emitted
+        bt1 = bt - 1
+        emitted = res.emitted if self.track_emitted else None
         finished: list[_Req] = []
         used = self._used_blocks
+        count = 0
         for r in seg.reqs:
             if r.cancelled:
                 continue
-            r.generated += j
-            r.kv += j
-            nb = _blocks(r.kv, bt)
+            count += 1
+            g = r.generated + j
+            r.generated = g
+            kv = r.kv + j
+            r.kv = kv
+            nb = (kv + bt1) // bt
             used += nb - r.blocks
             r.blocks = nb
-            emitted[r.rid] = emitted.get(r.rid, 0) + j
-            self.generation_tokens += j
-            if r.generated >= r.max_out:
+            if emitted is not None:
+                emitted[r.rid] = emitted.get(r.rid, 0) + j
+            if g >= r.max_out:
                 finished.append(r)
+        self.generation_tokens += j * count
         self._used_blocks = used
         res.iterations += j
         if finished:
@@ -724,9 +784,23 @@ class EngineModel:
         decode_kv = 0
         chunks: list[tuple[int, int]] = []
         preempted: list[_Req] = []
+        total = self._total_blocks
+        bt1 = bt - 1
+        emits = seg.emits
         i = 0
         while i < len(running):
             r = running[i]
+            if r.computed >= r.target and budget >= 1 and r.kv % bt and r.generated + 1 < r.max_out:
+                # Fast path of the common case below: a decode token that needs no new block and does not
+                # finish the request (the general code gives exactly the same updates).
+                budget -= 1
+                decode_seqs += 1
+                decode_kv += r.kv
+                r.kv += 1
+                r.generated += 1
+                emits.append(r)
+                i += 1
+                continue
             decoding = r.computed >= r.target
             n = (1 if budget >= 1 else 0) if decoding else min(r.target - r.computed, budget)
             if n <= 0:  # no budget left for this request in this iteration
@@ -734,9 +808,9 @@ class EngineModel:
                 continue
             completes = decoding or r.computed + n == r.target
             new_kv = r.kv + n + (1 if completes and not decoding else 0)
-            need = _blocks(new_kv, bt) - r.blocks
+            need = (new_kv + bt1) // bt - r.blocks
             self_preempted = False
-            while need > self._total_blocks - self._used_blocks:
+            while need > total - self._used_blocks:
                 victim = running[-1]
                 self._preempt(victim)
                 preempted.append(victim)
@@ -805,7 +879,7 @@ class EngineModel:
                 else:
                     self._n_prefilling += 1
         if preempted or admitted:
-            running.sort(key=_rank)
+            running.sort(key=_RANK)
         if not chunks and decode_seqs == 0:
             # Defensive: everything was preempted (cannot happen for requests that pass fits()); replan now.
             self._seg = None
@@ -822,12 +896,15 @@ class EngineModel:
     def _finish_step(self, seg: _Segment, res: StepResult) -> None:
         end = seg.end
         res.iterations += 1
-        emitted = res.emitted
-        for r in seg.emits:
-            if r.cancelled:
-                continue
-            emitted[r.rid] = emitted.get(r.rid, 0) + 1
-            self.generation_tokens += 1
+        if self.track_emitted:
+            emitted = res.emitted
+            for r in seg.emits:
+                if r.cancelled:
+                    continue
+                emitted[r.rid] = emitted.get(r.rid, 0) + 1
+                self.generation_tokens += 1
+        else:
+            self.generation_tokens += sum(1 for r in seg.emits if not r.cancelled)
         for r in seg.first:
             if r.cancelled or r.first_token_time is not None:
                 continue
@@ -844,8 +921,8 @@ class EngineModel:
                 res.finished[r.rid] = end
 
 
-def _rank(r: _Req) -> tuple[int, int]:
-    return (r.priority, r.seq)
+#: Running requests' order: ``(priority, arrival sequence)`` (a C-level key, no Python call per request).
+_RANK = attrgetter("priority", "seq")
 
 
 def _merge(total: StepResult, part: StepResult) -> None:

@@ -94,6 +94,11 @@ class FleetgatePolicy:
         slot_fraction: float = 0.75,
         scan_limit: int = 0,
         slot_wait_s: float | None = None,
+        pick_rule: str = "leader",
+        cache_weight: float = 2.0,
+        prefill_tokens_per_s: float | None = None,
+        engine_queue: bool = True,
+        engine_queue_kv: float = 0.8,
         profile: str | None = None,
         prefill_mu_per_token: float | None = None,
         cache_discount: float | None = None,
@@ -142,6 +147,16 @@ class FleetgatePolicy:
         if scan_limit < 0:
             raise ValueError("scan_limit must be >= 0 (0: always score every replica)")
         self.scan_limit = scan_limit
+        if pick_rule not in ("ttft", "leader"):
+            raise ValueError("pick_rule must be 'ttft' or 'leader'")
+        if cache_weight < 0 or (prefill_tokens_per_s is not None and prefill_tokens_per_s <= 0):
+            raise ValueError("need cache_weight >= 0 and prefill_tokens_per_s > 0")
+        self.pick_rule = pick_rule
+        self.engine_queue = engine_queue
+        self.engine_queue_kv = engine_queue_kv
+        self.cache_weight = float(cache_weight)
+        # Engine prefill throughput (tokens/s) when known; else the profile's (capacity / alpha).
+        self.prefill_tps = None if prefill_tokens_per_s is None else float(prefill_tokens_per_s)
         self.slot_from = max(1, math.ceil(slot_fraction * mr)) if mr else 0
         self.slot_wait_s = float(slot_wait_s)
         # Per replica: [in-flight requests, in-flight KV tokens] dispatched by this policy (never lags).
@@ -184,8 +199,9 @@ class FleetgatePolicy:
         self.key_rates: DecayingRates[int] = DecayingRates(rate_tau_s)
         self._pending: dict[int, list[str]] = {}
         self._charged: dict[str, float] = {}
-        # (request object, replica, prefill MU given its expected cache, MU/s) of the last pick.
-        self._memo: tuple[RequestInfo | None, str, float, float] = (None, "", 0.0, 1.0)
+        # (request object, replica, prefill MU given its expected cache, MU/s, prefill seconds) of the last
+        # pick.
+        self._memo: tuple[RequestInfo | None, str, float, float, float] = (None, "", 0.0, 1.0, 0.0)
         self._last_req: RequestInfo | None = None
         self._last_key = 0
         self._cands: list[ReplicaSnapshot] = []
@@ -212,6 +228,15 @@ class FleetgatePolicy:
         out = request.estimated_output_tokens or request.max_output_tokens or self.default_output
         whole = self.gamma + absolute + self.beta * out
         return request.cost_mu * absolute / whole if whole > 0 else 0.0
+
+    def _prefill_s(self, request: RequestInfo, pre_mu: float, cap: float) -> float:
+        """Seconds of prefill for ``pre_mu`` (engine throughput when known, else the MU rate)."""
+        tps = self.prefill_tps
+        full = self.prefill_mu(request)
+        inp = request.input_tokens
+        if tps and full > 0 and inp > 0:
+            return pre_mu * inp / (full * tps)
+        return pre_mu / cap
 
     def _key(self, request: RequestInfo) -> int:
         """The request's workload key (memoised for the pick -> on_dispatch pair of one request object)."""
@@ -241,7 +266,8 @@ class FleetgatePolicy:
         n = len(cands)
         if n == 1:
             only = cands[0]
-            self._memo = (request, only.name, self.prefill_mu(request), _cap(only))
+            pmu = self.prefill_mu(request)
+            self._memo = (request, only.name, pmu, _cap(only), self._prefill_s(request, pmu, _cap(only)))
             return RouteDecision(only.name, reason="fleetgate:only")
         aff = self.affinity
         key = self._key(request)
@@ -325,10 +351,18 @@ class FleetgatePolicy:
         busy = self._busy  # replicas with at least ``slot_from`` requests in flight (usually none)
         chunk = float(self.chunk_tokens)
         spt = full / inp if inp > 0 else 0.0  # MU per prompt token
+        tps = self.prefill_tps
+        # Seconds per MU of this request's prefill when the engine's prefill throughput is known.
+        sec_per_mu = 1.0 / (spt * tps) if tps and spt > 0 else 0.0
+        ttft_rule = self.pick_rule == "ttft"
+        engine_q = self.engine_queue
+        kv_full = self.engine_queue_kv
+        cw = self.cache_weight
         while True:  # a second pass without the guard only if the guard left nothing (a huge request)
             best_i = deep_i = sub_i = -1
             best_t = deep_t = sub_t = _INF
             best_v = sub_v = _INF
+            best_s = _INF
             deep_d = 0
             sub_rank = 1 << 30
             for i, r in enumerate(cands):
@@ -346,11 +380,11 @@ class FleetgatePolicy:
                     wait = st[1] - now if st[1] > now else 0.0
                 if window:
                     v = sums.get(name, 0.0)
-                w = r.engine_waiting
-                if w and r.inflight_requests > 0:
+                w = r.engine_waiting if engine_q else 0
+                if w and r.inflight_requests > 0 and (r.engine_kv_usage or 0.0) >= kv_full:
                     # Requests the engine has not started (queued or memory-bound): the replica may be far
                     # slower than the fluid model believes (KV thrashing), so trust the larger estimate.
-                    ww = w * r.inflight_mu / r.inflight_requests / cap
+                    ww = w * r.inflight_mu / r.inflight_requests * (sec_per_mu or 1.0 / cap)
                     if ww > wait:
                         wait = ww
                 pre = full
@@ -360,7 +394,8 @@ class FleetgatePolicy:
                     if d:
                         cached = d * bt
                         pre -= save_per_token * (cached if cached < inp else inp)
-                t = wait + pre / cap
+                own_s = pre * sec_per_mu if sec_per_mu else pre / cap
+                t = wait + own_s
                 if interf:
                     kv = kvd.get(name)
                     if kv is not None and kv[0] > 0:
@@ -382,6 +417,15 @@ class FleetgatePolicy:
                 ):
                     skipped += 1
                     continue
+                if ttft_rule:
+                    # Lowest TTFT plus ``cache_weight`` x the prefill work this request adds to the
+                    # replica (a cache hit also saves every request queued behind it later); ties: less
+                    # recent load, then the key's subset in ring order.
+                    sc = t + cw * own_s
+                    rk = rank_of.get(name, 1 << 30)
+                    if sc < best_s or (sc == best_s and (v, rk) < (best_v, sub_rank)):
+                        best_i, best_t, best_v, best_s, sub_rank = i, t, v, sc, rk
+                    continue
                 if t < best_t or (t == best_t and v < best_v):
                     best_i, best_t, best_v = i, t, v
                 if (
@@ -399,23 +443,27 @@ class FleetgatePolicy:
             self.guarded += 1
             rel_lim = rel_lim_cached = _INF
         self.skips += skipped
-        if deep_i >= 0 and deep_d >= self.sticky_min_blocks:
-            sub_i, sub_t = deep_i, deep_t  # the replica expected to hold the most of the prompt leads
-            factor, slack_s = self.spill_factor, self.spill_slack_s
+        if ttft_rule:
+            chosen, t, reason = best_i, best_t, "fleetgate:ttft"
         else:
-            # Nothing of the prompt is cached anywhere: the subset only keeps keys apart, the cache
-            # leader will find the next turn wherever this one goes, so the fastest replica may take it.
-            factor, slack_s = self.spill_factor_new, self.spill_slack_new_s
-        if sub_i >= 0 and sub_t <= factor * best_t + slack_s:
-            chosen, t, reason = sub_i, sub_t, "fleetgate:affinity"
-        else:
-            chosen, t, reason = best_i, best_t, "fleetgate:spill"
-            self.spills += 1
+            if deep_i >= 0 and deep_d >= self.sticky_min_blocks:
+                sub_i, sub_t = deep_i, deep_t  # the replica expected to hold the most of the prompt leads
+                factor, slack_s = self.spill_factor, self.spill_slack_s
+            else:
+                # Nothing of the prompt is cached anywhere: the subset only keeps keys apart, the cache
+                # leader will find the next turn wherever this one goes, so the fastest may take it.
+                factor, slack_s = self.spill_factor_new, self.spill_slack_new_s
+            if sub_i >= 0 and sub_t <= factor * best_t + slack_s:
+                chosen, t, reason = sub_i, sub_t, "fleetgate:affinity"
+            else:
+                chosen, t, reason = best_i, best_t, "fleetgate:spill"
+                self.spills += 1
         rep = cands[chosen]
         name = rep.name
         cached_blocks = depths.get(name, 0) if depths else 0
         cached = min(cached_blocks * bt, inp)
-        self._memo = (request, name, full - save_per_token * cached, _cap(rep))
+        pmu = full - save_per_token * cached
+        self._memo = (request, name, pmu, _cap(rep), pmu * sec_per_mu if sec_per_mu else pmu / _cap(rep))
         return RouteDecision(
             name,
             {"est_ttft_s": t, "cached_blocks": float(cached_blocks), "subset_size": float(len(subset))},
@@ -433,13 +481,14 @@ class FleetgatePolicy:
         full = self.prefill_mu(request)
         memo = self._memo
         if memo[0] is request and memo[1] == replica:
-            pre, cap = memo[2], memo[3]
+            pre, cap, pre_s = memo[2], memo[3], memo[4]
         else:
             pre, cap = full, self._cap_rate
+            pre_s = self._prefill_s(request, full, cap)
         # Expected settled cost: the estimate, less the prefill the expected cache hit saves.
         cost = request.cost_mu - full + pre if request.cost_mu > 0 else pre + self.gamma
         self._cap_rate = cap
-        self.loads.queue(replica, pre / cap, now)
+        self.loads.queue(replica, pre_s, now)
         if self.load_signal == "window":
             self.replica_load.add(replica, cost, now)
         self.loads.add(replica, cost, now)
@@ -628,6 +677,11 @@ _PARAMS: dict[str, Any] = {
     "slot_fraction": float,
     "scan_limit": int,
     "slot_wait_s": float,
+    "pick_rule": str,
+    "engine_queue_kv": float,
+    "engine_queue": lambda v: v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on"),
+    "cache_weight": float,
+    "prefill_tokens_per_s": float,
     "profile": str,
     "prefill_mu_per_token": float,
     "cache_discount": float,
