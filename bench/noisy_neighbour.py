@@ -77,6 +77,7 @@ GOLD_KEY = "sk-gold-bench"
 FREE_KEY = "sk-free-bench"
 ADMIN_KEY = "sk-admin-bench"
 READY = re.compile(r"ready on (http://127\.0\.0\.1:\d+)")
+HOST_STALL_MS = 30.0  # a 100 ms sample in which the load generator waited this long for a CPU
 WORDS = ("alpha", "bravo", "delta", "echo", "golf", "hotel", "india", "kilo", "lima", "mike", "oscar", "papa")
 
 
@@ -466,6 +467,23 @@ def summarize(run: Run) -> dict[str, Any]:
             "gold_ttft_p99_s": quantile(ttfts, 0.99),
             "gold_ttft_n": len(ttfts),
         }
+        # Diagnostic only (the acceptance figure is the raw p95 above): gold's p95 without the requests
+        # that lived through a host-wide CPU stall, i.e. a 100 ms sample in which the load generator, whose
+        # own work is the same light load in both phases, waited >= HOST_STALL_MS for a CPU.
+        rows_all = run.extra.get("samples") or []
+        stalls = [r[0] for r in rows_all if r[7] >= HOST_STALL_MS]
+        calm = [
+            o.ttft_s
+            for o in gold
+            if o.status == 200
+            and o.ttft_s is not None
+            and not any(o.sent_s <= t <= o.sent_s + o.ttft_s + 0.1 for t in stalls)
+        ]
+        phases[phase]["host_stall_samples"] = sum(
+            1 for r in rows_all if r[1] == phase and r[7] >= HOST_STALL_MS
+        )
+        phases[phase]["gold_ttft_p95_outside_host_stalls_s"] = quantile(calm, 0.95)
+        phases[phase]["gold_ttft_n_outside_host_stalls"] = len(calm)
         t0 = min((o.sent_s for o in gold), default=0.0)
         slowest = sorted((o for o in gold if o.ttft_s is not None), key=lambda o: -(o.ttft_s or 0.0))[:5]
         rows = run.extra.get("samples") or []
@@ -502,7 +520,16 @@ def summarize(run: Run) -> dict[str, Any]:
     res["requests_with_outcome"] = len(run.outcomes)
     res["client_errors"] = sum(1 for o in run.outcomes if o.status == 0)
     res["nothing_lost"] = sent_total == len(run.outcomes) and res["client_errors"] == 0
+    pa, pb = a["gold_ttft_p95_outside_host_stalls_s"], b["gold_ttft_p95_outside_host_stalls_s"]
+    res["ttft_p95_ratio_outside_host_stalls"] = pb / pa if pa and pb else None
     res.update({k: v for k, v in run.extra.items() if k != "samples"})
+    res["system_samples"] = {
+        "columns": [
+            "t", "phase", "loadgen_loop_lag_ms", "gateway_healthz_ms", "host_cpu_pressure",
+            "gateway_runqueue_wait_ms", "engines_runqueue_wait_ms", "loadgen_runqueue_wait_ms",
+        ],
+        "rows": run.extra.get("samples") or [],
+    }  # fmt: skip
     res["system"] = _system_summary(run.extra.get("samples") or [])
     return res
 
@@ -772,6 +799,10 @@ def report(res: dict[str, Any]) -> str:
         f"gold TTFT  B (+free): p50 {ms(b['gold_ttft_p50_s'])}  p95 {ms(b['gold_ttft_p95_s'])}"
         f"  n={b['gold_ttft_n']}",
         f"ratio B/A: p50 {res['ttft_p50_ratio']:.3f}  p95 {res['ttft_p95_ratio']:.3f}   (target p95 <= 1.10)",
+        f"diagnostic: p95 ratio without requests that lived through a host-wide CPU stall"
+        f" {res['ttft_p95_ratio_outside_host_stalls'] or float('nan'):.3f}"
+        f" (stall samples A {a['host_stall_samples']}, B {b['host_stall_samples']};"
+        f" n A {a['gold_ttft_n_outside_host_stalls']}, B {b['gold_ttft_n_outside_host_stalls']})",
         f"gold admitted: A {a['gold_admitted']}/{a['gold_outcomes']}"
         f"  B {b['gold_admitted']}/{b['gold_outcomes']}"
         f" = {100 * (b['gold_admitted_share'] or 0):.2f}%   (target >= 99%)",

@@ -48,7 +48,7 @@ def test_ledger_used_mu_equals_sum_of_settled_costs(start_engine: Any, tools: An
                 tenant = "gold" if k % 3 else "blue"
                 key = f"sk-{tenant}-settle"
                 words = " ".join(["token"] * (5 + 37 * k))
-                # repeat some prompts so the engine's prefix cache reports cached tokens too
+                # prompts that share prefixes, so the engine's prefix cache reports cached tokens too
                 content = f"request {k % 8}: {words if k % 8 else 'short'}"
                 body = {
                     "model": MODEL,
@@ -65,9 +65,11 @@ def test_ledger_used_mu_equals_sum_of_settled_costs(start_engine: Any, tools: An
                 tokens[tenant][0] += usage.prompt_tokens
                 tokens[tenant][1] += usage.completion_tokens
             admin = {"Authorization": "Bearer sk-admin-settle"}
-            usage = {t: client.get(url + f"/admin/usage/{t}", headers=admin).json() for t in ("gold", "blue")}
+            report = {
+                t: client.get(url + f"/admin/usage/{t}", headers=admin).json() for t in ("gold", "blue")
+            }
         for tenant, costs in settled.items():
-            booked = usage[tenant]["usage"]
+            booked = report[tenant]["usage"]
             assert booked["settled"] == len(costs)
             assert (booked["prompt_tokens"], booked["completion_tokens"]) == tuple(tokens[tenant])
             # the store adds as requests settle; the exact sum differs from that only by float rounding

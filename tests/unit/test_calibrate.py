@@ -283,3 +283,22 @@ def test_merged_rungs_count_every_request_over_all_busy_time() -> None:
     assert m.mean_prompt_tokens == pytest.approx(175.0)
     assert m.mean_latency_s == pytest.approx(0.25)
     assert len(m.usages) == 40
+
+
+def test_holdout_scores_the_split_fit_and_the_profile_uses_every_point() -> None:
+    data = _synthetic(quad=0.05, noise=0.03, seed=7)
+    cal = fit_cost_profile(data, random.Random(4))
+    assert cal.split_profile is not None and cal.holdout
+    # held-out quality is that of the train-split fit ...
+    hold = [data[i] for i in cal.holdout]
+    want = mape([m.replica_seconds for m in hold], predicted_seconds(cal.split_profile, hold))
+    assert cal.mape_holdout == pytest.approx(want)
+    # ... while the shipped profile is fitted on all points (and differs, since the data is noisy)
+    every = fit_cost_profile(data, random.Random(4), holdout_fraction=0.0)
+    assert cal.profile.alpha == pytest.approx(every.profile.alpha)
+    assert cal.profile.delta == pytest.approx(every.profile.delta)
+    assert cal.profile.alpha != pytest.approx(cal.split_profile.alpha, rel=1e-9)
+    assert cal.mape_all == pytest.approx(mape([m.replica_seconds for m in data], cal.predicted_seconds(data)))
+    assert cal.profile.fit["mape_all"] == cal.mape_all
+    only_split = fit_cost_profile(data, random.Random(4), refit_all=False)
+    assert only_split.profile.alpha == pytest.approx(cal.split_profile.alpha)

@@ -5,18 +5,23 @@ or the simulator) gathers inputs, calls :func:`decide` with the previous state, 
 count and keeps the returned state for the next call. Nothing here reads a clock: ``now_s`` comes in.
 
 Why MU: request counts, CPU and memory do not show GPU load (a burst of long-context requests looks like a
-burst of short ones); MU do. Demand is ``settled MU of the last minute + MU in flight now``: for requests
-younger than a minute that is exactly their arrival volume, so the figure measures offered load even while
-the fleet is saturated (it does not stall at capacity the way settled throughput alone would).
+burst of short ones); MU do. Demand is ``settled MU of the last minute + growth of the MU in flight over the
+window`` (never below the MU in flight): arrivals = completions + change in flight, so that is the arrival
+volume of the last minute, and it measures offered load even while the fleet is saturated (it does not stall
+at capacity the way settled throughput alone would). See :func:`arrival_demand`.
 
 The algorithm, Knative-like with changes for LLM serving:
 
 * **Stable window** (60 s): the mean demand sets the baseline ``ceil(demand / (capacity * target))``;
   an optional **trend term** projects the window mean forward by its own lag plus ``forecast_horizon_s``
   (set it to the cold start) when demand is rising; a falling trend is ignored (no scale-down on a forecast).
-* **Panic window** (6 s): when short-term demand needs ``panic_threshold`` x the replicas we already have or
-  are starting, scale straight to the panic figure and hold (no scale-down) until the stable window has passed
-  without another panic signal.
+* **Panic window** (6 s): when short-term demand (also the arrival rate since the last sample, see
+  :func:`recent_demand`) needs ``panic_threshold`` x the replicas we already have or are starting, scale
+  straight to the panic figure and hold (no scale-down) until the stable window has passed without another
+  panic signal.
+* **Daily pattern** (on): a rise in demand seen at this time of day yesterday, within the next
+  ``seasonal_lead_s``, is added ahead of time, so recurring jumps find their replicas warm
+  (:func:`seasonal_increment`).
 * **Pending awareness**: the target is an absolute count computed from demand, compared with
   ``ready + starting``; replicas still starting count as already asked for, so a burst does not re-request
   them on every tick, and nothing is scaled down while any replica is still starting.

@@ -1,13 +1,14 @@
 """``fleetgate calibrate``: measure how much replica time each request shape consumes on a live engine.
 
-Method (docs/model-units.md): for every (input, output) shape of a designed sweep, a closed loop of ``c``
-clients sends identical-shape requests (unique prompt prefixes, so no prefix-cache hits; exact output lengths
-via ``max_tokens`` + ``ignore_eos``/``min_tokens``), climbing a concurrency ladder until completed requests
-per second stop growing (the replica is saturated). The saturated throughput gives the replica seconds one
-request of that shape consumes (``1 / req/s``). ``core.calibrate`` fits the cost profile (NNLS) on a random
-train split and reports R^2 and MAPE on the held-out shapes. Token counts are taken from the engine's own
-``usage`` (its tokenizer, its chat template), so any OpenAI-compatible engine works.
-"""
+Method (docs/model-units.md): for every (input, output) shape of a designed sweep, and for a few mixed runs
+that interleave several shapes, a closed loop of ``c`` clients sends requests (prompts that share no prefix
+with any other, so no prefix-cache hits; exact output lengths via ``max_tokens`` + ``ignore_eos``/
+``min_tokens``), climbing a concurrency ladder until completed requests per second stop growing (the replica
+is saturated). The saturated throughput gives the replica seconds one request consumes (``1 / req/s``, on
+the wall clock or on the engine's own busy clock, e.g. its CPU time). ``core.calibrate`` fits the cost
+profile (NNLS) on a random train split and reports R^2 and MAPE on the held-out measurements. Token counts
+are taken from the engine's own ``usage`` (its tokenizer, its chat template), so any OpenAI-compatible
+engine works."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from fleetgate.core.calibrate import (
     default_design,
     fit_cost_profile,
     mixed_design,
+    predicted_seconds,
 )
 
 _WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "big", "red", "dog")
@@ -368,6 +370,8 @@ class CalibrationRun:
                 "mape_holdout": cal.mape_holdout,
                 "r2_train": cal.r2_train,
                 "mape_train": cal.mape_train,
+                "r2_all": cal.r2_all,
+                "mape_all": cal.mape_all,
                 "engine_url": engine,
                 "requested_model": model,
                 "quick": quick,
@@ -516,7 +520,9 @@ def plot_calibration(run: CalibrationRun, path: Path, title: str = "") -> None:
 
     cal = run.calibration
     measured = [m.replica_seconds * 1000 for m in run.measurements]
-    predicted = [float(v) * 1000 for v in cal.predicted_seconds(run.measurements)]
+    # held-out points as the train-split fit predicted them (the shipped profile has seen them)
+    split = cal.split_profile or cal.profile
+    predicted = [float(v) * 1000 for v in predicted_seconds(split, run.measurements)]
     fig, ax = plt.subplots(figsize=(5.5, 5.0), dpi=110)
     for idx, label, marker in ((cal.train, "train", "o"), (cal.holdout, "held out", "s")):
         ax.scatter([measured[i] for i in idx], [predicted[i] for i in idx], label=label, marker=marker)
@@ -526,7 +532,7 @@ def plot_calibration(run: CalibrationRun, path: Path, title: str = "") -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("measured replica ms / request (saturated)")
-    ax.set_ylabel("predicted by the MU profile (ms)")
+    ax.set_ylabel("predicted by the train-split MU profile (ms)")
     ax.set_title(
         f"{title or cal.profile.name}\nheld-out R²={cal.r2_holdout:.3f}  MAPE={cal.mape_holdout:.1%}",
         fontsize=10,
@@ -543,8 +549,8 @@ def run_calibration(
 ) -> None:
     """The ``fleetgate calibrate`` command: sweep, fit, write JSON (and PNG), print the fit quality.
 
-    ``engine_pid``: a local engine process whose CPU time is the replica time (one-thread CPU engines on a
-    shared machine); by default the wall clock.
+    ``engine_pid``: a local engine process whose CPU time (with its children's) is the replica time (CPU
+    engines on a shared machine); by default the wall clock.
     """
     import typer
 
@@ -578,5 +584,5 @@ def run_calibration(
     typer.echo(
         f"fit: held-out R^2={cal.r2_holdout:.4f} MAPE={cal.mape_holdout:.2%} "
         f"(train R^2={cal.r2_train:.4f} MAPE={cal.mape_train:.2%}; {len(cal.train)} train / "
-        f"{len(cal.holdout)} held-out shapes); wrote {out}"
+        f"{len(cal.holdout)} held-out shapes; profile refitted on all: MAPE={cal.mape_all:.2%}); wrote {out}"
     )

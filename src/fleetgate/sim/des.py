@@ -3,9 +3,10 @@
 Vidur's vocabulary: *entities* (``SimRequest``, ``SimReplica``; ``sim.entities``), *events* on one heap
 ordered by ``(time, sequence number)`` (the number is per run, so ties resolve in insertion order and runs are
 reproducible; arrivals are read from the sorted trace, each holding the number its push would have had, so
-they keep that order without heap traffic), a *global scheduler* (the router: a ``RoutingPolicy`` from ``core.routing.registry``, called
-exactly as the gateway calls it) and *replica schedulers* (each replica's engine performance model, advanced
-one **batch change** at a time through its macro step instead of one token at a time).
+they keep that order without heap traffic), a *global scheduler* (the router: a ``RoutingPolicy`` from
+``core.routing.registry``, called exactly as the gateway calls it) and *replica schedulers* (each replica's
+engine performance model, advanced one **batch change** at a time through its macro step instead of one
+token at a time).
 
 What the router sees is what the live gateway sees: ``ReplicaSnapshot`` built from the gateway's own
 in-flight counters (updated at dispatch and settle) plus engine metrics "scraped" every ``scrape_interval_s``.

@@ -17,9 +17,15 @@ advances the fleet in steps of ``step_s`` (1 s) and keeps, per replica, aggregat
 * **TTFT** of a request arriving in a step = backlog wait + prefill queueing (Pollaczek-Khinchine mean wait of
   the prefill work at the current utilisation) + its own prefill time (input tokens x ``prefill_s_per_token``
   plus one iteration per chunk). Percentiles are exact over a fixed set of prefill-time quantiles per step.
+* **In flight and settled** as the gateway counts them: a step's arrivals are in flight from their arrival
+  until arrival + their end-to-end latency, when their real MU settles (the in-flight MU at the gateway's
+  estimate, output budgeted at the p90).
+* **After a scale-up** a backlog stays on the replicas that were ready before (requests are not moved once
+  dispatched) and drains at their rate, while new arrivals go to the fresh replicas, until the fresh
+  replicas' queues catch up and all share one queue again.
 * **Autoscaling and admission** are the same objects as in discrete-event mode: the autoscaler's ``decide``
   is called every ``autoscale_interval_s`` with an ``AutoscaleContext`` (settled MU of the last minute, MU and
-  requests in flight by Little's law), new replicas serve after the cold start. An optional admission object
+  requests in flight), new replicas serve after the cold start. An optional admission object
   (``FluidAdmission``) may shed part of a step's arrivals.
 
 Replica-seconds count from provisioning to stop, as in discrete-event mode.

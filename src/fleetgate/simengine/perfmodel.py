@@ -373,12 +373,14 @@ class _Segment:
         self.d = 0  # macro: requests in the batch
         self.kv0 = 0  # macro: KV tokens the batch holds at ``start``
         self.changed = False  # macro: a request was submitted or cancelled while it was in flight
-        self.reqs: list[_Req] = []
-        self.emits: list[_Req] = []  # step: requests that emit one token at the end
-        self.first: list[_Req] = []  # step: requests whose first token comes at the end
-        self.finishing: list[_Req] = []
-        self.admitted: list[tuple[str, int]] = []  # step: (request id, cached tokens) admitted first time
-        self.preempted: list[str] = []
+        # The lists are set by the planner of each kind (``_try_macro``: ``reqs``; ``_plan_step``: the rest),
+        # so that a segment allocates only what it uses.
+        self.reqs: list[_Req]  # macro: the batch
+        self.emits: list[_Req]  # step: requests that emit one token at the end
+        self.first: list[_Req]  # step: requests whose first token comes at the end
+        self.finishing: list[_Req]
+        self.admitted: list[tuple[str, int]]  # step: (request id, cached tokens) admitted first time
+        self.preempted: list[str]
 
     def cum(self, j: int) -> float:
         """Duration of the first ``j`` iterations of a macro segment."""
@@ -779,6 +781,9 @@ class EngineModel:
         bt = p.block_tokens
         budget = p.max_num_batched_tokens if p.max_num_batched_tokens is not None else 1 << 62
         seg = _Segment(_STEP, t, t)
+        seg.emits = []
+        seg.first = []
+        seg.finishing = []
         running = self._running
         decode_seqs = 0
         decode_kv = 0
@@ -903,6 +908,8 @@ class EngineModel:
                     continue
                 emitted[r.rid] = emitted.get(r.rid, 0) + 1
                 self.generation_tokens += 1
+        elif self.requests_cancelled == 0:
+            self.generation_tokens += len(seg.emits)
         else:
             self.generation_tokens += sum(1 for r in seg.emits if not r.cancelled)
         for r in seg.first:

@@ -7,18 +7,20 @@ Per request (``pick``: O(replicas) plus O(matched prefix depth), no per-replica 
 2. **affinity**: the request's workload key (``keys.KeyFunction``: prompt prefix, session or tenant) owns a
    subset of replicas (``affinity.BoundedLoadAffinity``: consistent hashing with bounded loads); the subset
    grows with the key's MU rate (hot keys spread) and shrinks when it cools;
-3. **estimate** for every candidate the time to first token: prefill MU queued ahead of the request (a
-   fluid queue per replica fed at dispatch, drained at the replica's MU rate; raised to the engine's own
-   waiting queue when the scrape shows one) plus this request's prefill MU *given what that replica is
+3. **estimate** for every candidate the time to first token: prefill queued ahead of the request (a
+   fluid queue per replica fed at dispatch; raised to the engine's own waiting queue when the scrape shows
+   one *and* the engine is short of KV memory) plus this request's prefill *given what that replica is
    expected to have cached* (``prefix_index.PrefixIndex``: blocks routed there recently, LRU-bounded by
-   ``cache_tokens_per_replica``), divided by the replica's MU rate;
+   ``cache_tokens_per_replica``); prefill seconds = uncached tokens / ``prefill_tokens_per_s`` when the
+   engine's rate is known, else prefill MU / the replica's MU rate;
 4. **load guard**: a replica whose recent dispatched MU (EWMA, ``rate_tau_s``) would exceed ``load_bound``
    x the mean takes no new request, unless it is expected to hold ``guard_exempt_ratio`` of the prompt, in
    which case it may go up to ``cached_load_bound`` x the mean (moving a cache hit costs more than a
    little imbalance, but not without limit); hot keys get no exemption;
-5. **pick**: the leader is the replica expected to hold the longest prefix of the prompt (the subset's best
-   when none does, or when the key is hot); it wins unless the best replica overall would be much faster
-   (``leader_ttft > spill_factor * best_ttft + spill_slack_s``), in which case that one does (a *spill*).
+5. **pick** (``pick_rule: leader``): the leader is the replica expected to hold the longest prefix of the
+   prompt (the subset's best when none does, or when the key is hot); it wins unless the best replica
+   overall would be much faster (``leader_ttft > spill_factor * best_ttft + spill_slack_s``), in which
+   case that one does (a *spill*). ``pick_rule: ttft``: the lowest ``ttft + cache_weight * own_prefill``.
 
 Every ``rebalance_interval_s`` (driven by the ``now`` passed in): keys idle for ``key_ttl_s`` are forgotten,
 cooled keys shrink their subsets, replicas that left the fleet are dropped from subsets, and replicas whose
