@@ -13,7 +13,10 @@ contention (the live p95s are 0.05-0.1 s higher), but it ranked the policies lik
     .venv/bin/python bench/router_compare_sim.py [--policies cache_aware,fleetgate,fleetgate@x]
         [--params '{"x": {"pick_rule": "ttft"}}'] [--slices 0,1000,...] [--rate 6] [--replicas 4]
 
-``name@tag`` runs policy ``name`` with ``params[tag]`` (on top of the engine facts for fleetgate).
+``name@tag`` runs policy ``name`` with ``params[tag]`` (on top of the engine facts for fleetgate). A
+``"engine_priority": {...}`` entry there (``core.routing.priority.SizePriorityParams`` fields) makes the
+gateway send the engines a size-aware priority (class first, uncached prefill bucket second); see the
+negative result in docs/routing.md, "Engine priority by prefill size".
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from router_compare import ENGINE_PROFILE, engine_facts
 
+from fleetgate.core.routing.priority import SizePriorityParams, engine_priority, uncached_prefill_tokens
 from fleetgate.core.routing.registry import build_policy
+from fleetgate.core.types import RequestInfo, RouteDecision
 from fleetgate.core.units import DEFAULT_PROFILE
 from fleetgate.sim.des import SimConfig, Simulator
 from fleetgate.sim.traces import Trace, TraceRequest, default_traces_dir, load_trace
@@ -76,6 +82,21 @@ def scaled_slice(reqs: list[TraceRequest], rate: float, tokens_scale: float) -> 
     )
 
 
+def size_priority(spec: dict[str, Any] | None) -> Callable[[RequestInfo, RouteDecision], int] | None:
+    """The gateway's size-aware engine priority (``engine_priority: size``) for a policy's ``engine_priority``
+    parameter (the ``SizePriorityParams`` fields); ``None`` sends no priority (FCFS engines)."""
+    if spec is None:
+        return None
+    ep = SizePriorityParams.from_mapping(spec)
+
+    def prio(info: RequestInfo, decision: RouteDecision) -> int:
+        cached = decision.scores.get("cached_blocks", 0.0)
+        unc = uncached_prefill_tokens(info.input_tokens, cached, info.prefix_block_tokens)
+        return engine_priority(info.priority, unc, info.arrival_s, ep)
+
+    return prio
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policies", default="cache_aware,fleetgate,least_requests,round_robin")
@@ -95,35 +116,50 @@ def main() -> None:
     facts = {} if args.no_engine_facts else engine_facts(args.time_scale)
     params: dict[str, dict[str, Any]] = json.loads(args.params)
     names = args.policies.split(",")
-    out: dict[str, list[tuple[float, float, float]]] = {}
+    out: dict[str, list[tuple[float, float, float, float, float]]] = {}
     for st in starts:
         trace = scaled_slice(full[st : st + args.requests], args.rate, args.tokens_scale)
         for label in names:
             name, _, tag = label.partition("@")
             p = {**(facts if name == "fleetgate" else {}), **params.get(tag or name, {})}
+            prio = p.pop("engine_priority", None)
             sim = Simulator(
                 trace,
                 build_policy(name, p),
                 DEFAULT_PROFILE,
                 lambda _n: EngineModel(perf),
-                SimConfig(replicas=args.replicas, seed=1),
+                SimConfig(replicas=args.replicas, seed=1, engine_priority=size_priority(prio)),
             )
             res = sim.run()
             tt = res.ttft_s[~np.isnan(res.ttft_s)]
             s = res.summary
             out.setdefault(label, []).append(
-                (float(np.percentile(tt, 95)), s["cache_hit_rate"], s["max_over_mean_load"])
+                (
+                    float(np.percentile(tt, 95)),
+                    s["cache_hit_rate"],
+                    s["max_over_mean_load"],
+                    float(np.percentile(tt, 50)),
+                    float(np.percentile(tt, 99)),
+                )
             )
     ref = out[names[0]]
     print(f"slices {starts} x {args.requests} requests, rate x{args.rate}, {args.replicas} replicas")
-    print("| policy | p95 / first (geo. mean) | per slice | hit / first | p95 s per slice | max/mean load |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| policy | p95 / first (geo. mean) | per slice | hit / first | p95 s per slice | max/mean load "
+        "| p50 / first | p99 / first |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+
+    def geo(v: list[tuple[float, float, float, float, float]], i: int) -> float:
+        return float(np.exp(np.mean([np.log(a[i] / b[i]) for a, b in zip(v, ref, strict=True)])))
+
     for label, v in out.items():
         ratio = np.array([a[0] / b[0] for a, b in zip(v, ref, strict=True)])
         hit = np.array([a[1] / b[1] if b[1] else 1.0 for a, b in zip(v, ref, strict=True)])
         print(
             f"| {label} | {np.exp(np.log(ratio).mean()):.3f} | {' '.join(f'{x:.2f}' for x in ratio)} "
-            f"| {hit.mean():.3f} | {' '.join(f'{a[0]:.2f}' for a in v)} | {max(a[2] for a in v):.2f} |"
+            f"| {hit.mean():.3f} | {' '.join(f'{a[0]:.2f}' for a in v)} | {max(a[2] for a in v):.2f} "
+            f"| {geo(v, 3):.3f} | {geo(v, 4):.3f} |"
         )
 
 

@@ -15,6 +15,7 @@ from enum import IntEnum
 from typing import Any, Protocol, TypeVar
 
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
+from fleetgate.core.units import OutputHistory
 from fleetgate.simengine.perfmodel import EngineRequest, StepResult
 
 _T = TypeVar("_T")
@@ -228,7 +229,7 @@ class SimReplica:
             self.mark_dirty()
 
 
-class SortedOutputHistory:
+class SortedOutputHistory(OutputHistory):
     """``core.units.OutputHistory`` (same window, minimum, tenant limit and answers) with an O(1) ``p90``.
 
     The gateway sorts a tenant's last ``window`` output lengths for every estimate; the simulator asks once
@@ -236,15 +237,8 @@ class SortedOutputHistory:
     tenant's next observation. ``tests/sim/test_des.py`` checks it against ``OutputHistory`` value by value.
     """
 
-    __slots__ = ("_data", "_p90", "_sorted", "max_tenants", "min_samples", "window")
-
     def __init__(self, window: int = 256, min_samples: int = 8, max_tenants: int = 100_000) -> None:
-        if window <= 0 or min_samples <= 0 or max_tenants <= 0:
-            raise ValueError("window, min_samples and max_tenants must be positive")
-        self.window = window
-        self.min_samples = min(min_samples, window)
-        self.max_tenants = max_tenants
-        self._data: dict[str, deque[int]] = {}  # insertion order = least recently updated first
+        super().__init__(window, min_samples, max_tenants)
         self._sorted: dict[str, list[int]] = {}
         self._p90: dict[str, float | None] = {}
 
@@ -285,11 +279,3 @@ class SortedOutputHistory:
         except KeyError:
             value = self._p90[tenant] = self.quantile(tenant, 0.9)
             return value
-
-    def count(self, tenant: str) -> int:
-        """How many observations are held for ``tenant``."""
-        buf = self._data.get(tenant)
-        return 0 if buf is None else len(buf)
-
-    def __len__(self) -> int:
-        return len(self._data)
