@@ -130,16 +130,3 @@ async def test_large_payloads_cross_the_pipe_whole(pool: WorkerPool) -> None:
         assert (result.width, result.height) == (1200, 900)
         assert len(result.data_url) > 1_000_000  # the reply is large too
     assert len({r.data_url for r in results}) == 1
-
-
-async def test_closing_the_pool_fails_a_running_task_promptly() -> None:
-    """A task in flight when the pool closes gets a clear error at once, not after its time limit."""
-    pool = WorkerPool(1, task_timeout_s=30.0)
-    await pool.start()
-    task = asyncio.create_task(pool.run("_sleep", 20.0, None))
-    await asyncio.sleep(0.3)
-    start = time.monotonic()
-    await pool.close()
-    with pytest.raises(WorkerCrashedError, match="shutting down"):
-        await asyncio.wait_for(task, 10.0)
-    assert time.monotonic() - start < 10.0

@@ -3,12 +3,8 @@
 ``concurrent.futures.ProcessPoolExecutor`` marks the whole pool broken when one worker dies, failing every
 request in flight. Here each worker is its own process with its own pipe: a worker that dies (a decoder
 crash, the OOM killer, a task over its time limit) fails only the request it was serving, with a clear
-error, and is replaced. The event loop never blocks: the parent's end of each pipe is non-blocking and
-driven by the loop itself (``add_reader``/``add_writer``), in ``multiprocessing.Connection``'s framing so
-the worker keeps a plain ``Connection``. No thread sits between the loop and the workers: a helper thread
-per round trip (``run_in_executor``) meant two extra wake-ups and GIL hand-offs per image, and on a busy
-CPU a helper thread preempted while holding the GIL stalls the loop with it. Threads remain only for
-starting and replacing workers (seconds of blocking work, rare).
+error, and is replaced. The event loop never blocks: the send/wait/receive round trip of a task runs on a
+small thread pool via ``loop.run_in_executor`` (one thread per worker; the threads only wait on pipes).
 
 Workers are fresh interpreters (``python -c``, no fork of a threaded event-loop process and, unlike
 multiprocessing's ``spawn``, no re-import of the parent's ``__main__``); the pipe's fd is inherited. They
@@ -24,10 +20,8 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import pickle
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -130,107 +124,10 @@ def _worker_main(
             return
 
 
-class _Channel:
-    """The parent's end of a worker's pipe, driven by the event loop. Frames are those of
-    ``multiprocessing.connection.Connection``: a 4-byte big-endian signed length (or -1 and an 8-byte
-    length), then the pickle."""
-
-    __slots__ = ("_buf", "_waiter", "closed", "fd")
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._buf = bytearray()
-        self.closed = False
-        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
-
-    def close(self) -> None:
-        """Mark closed (any thread) before the fd is closed, and wake a pending wait so it sees it."""
-        self.closed = True
-        waiter = self._waiter
-        if waiter is not None:
-            loop, fut = waiter
-            with contextlib.suppress(RuntimeError):  # the loop is already closed
-                loop.call_soon_threadsafe(_wake, fut)
-
-    async def send(self, data: bytes) -> None:
-        n = len(data)
-        header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
-        if n <= 16384:
-            await self._write_all(memoryview(header + data))
-        else:  # no copy of a large payload just to prepend 4 bytes
-            await self._write_all(memoryview(header))
-            await self._write_all(memoryview(data))
-
-    async def recv(self) -> bytes:
-        """One whole message; ``EOFError`` when the worker's end is closed (it died)."""
-        while True:
-            msg = self._take()
-            if msg is not None:
-                return msg
-            if self.closed:
-                raise EOFError("channel closed")
-            try:
-                chunk = os.read(self.fd, 1 << 20)
-            except BlockingIOError:
-                await self._wait(readable=True)
-                continue
-            if not chunk:
-                raise EOFError("the worker closed its end")
-            self._buf += chunk
-
-    def _take(self) -> bytes | None:
-        buf = self._buf
-        if len(buf) < 4:
-            return None
-        (size,) = struct.unpack_from("!i", buf, 0)
-        start = 4
-        if size == -1:
-            if len(buf) < 12:
-                return None
-            (size,) = struct.unpack_from("!Q", buf, 4)
-            start = 12
-        end = start + size
-        if len(buf) < end:
-            return None
-        msg = bytes(buf[start:end])
-        del buf[:end]
-        return msg
-
-    async def _write_all(self, view: memoryview) -> None:
-        while view:
-            if self.closed:
-                raise EOFError("channel closed")
-            try:
-                n = os.write(self.fd, view)
-            except BlockingIOError:
-                await self._wait(readable=False)
-                continue
-            view = view[n:]
-
-    async def _wait(self, *, readable: bool) -> None:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        if self.closed:
-            raise EOFError("channel closed")
-        if readable:
-            loop.add_reader(self.fd, _wake, fut)
-        else:
-            loop.add_writer(self.fd, _wake, fut)
-        self._waiter = (loop, fut)
-        try:
-            await fut
-        finally:
-            self._waiter = None
-            with contextlib.suppress(Exception):  # the fd may be gone if the pool closed meanwhile
-                if readable:
-                    loop.remove_reader(self.fd)
-                else:
-                    loop.remove_writer(self.fd)
-
-
-#: Socket send buffer asked for on the parent's end (the kernel caps it at ``net.core.wmem_max``): a
-#: multi-MB image payload then goes out in one or two ``write`` calls instead of one per ~200 KB (each a
-#: copy, a wake-up of the worker and a loop callback; measured ~13 writes per 600 KB with the default).
+#: Socket send buffer asked for on the parent's end of each pipe (the kernel caps it at
+#: ``net.core.wmem_max``). With the default (~208 KB) a 600 KB base64 payload took ~13 ``write`` calls, each
+#: a kernel copy, a wake-up of the worker and, in the pool thread, a GIL re-acquisition that can make the
+#: event loop wait; with 4 MB it goes out in one (measured: 86 writes for 43 images, headers included).
 SEND_BUFFER_BYTES = 4 * 1024 * 1024
 
 
@@ -243,15 +140,10 @@ def _grow_send_buffer(fd: int) -> None:
             sock.close()
 
 
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    __slots__ = ("channel", "conn", "index", "proc")
+    __slots__ = ("conn", "index", "proc")
 
     def __init__(self, index: int, threads: int, memory_mb: int | None, nice: int = 0) -> None:
         parent, child = multiprocessing.Pipe(duplex=True)
@@ -273,16 +165,13 @@ class _Worker:
             child.close()
         self.index = index
         self.conn: multiprocessing.connection.Connection = parent
-        self.channel = _Channel(parent.fileno())
 
     def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
-        """Block until the worker imported its libraries (so task time limits exclude start-up); then the
-        parent's end turns non-blocking for the event loop."""
+        """Block until the worker imported its libraries (so task time limits exclude start-up)."""
         try:
             if self.conn.poll(timeout_s):
                 status, _ = self.conn.recv()
                 if status == "ready":
-                    os.set_blocking(self.conn.fileno(), False)
                     _grow_send_buffer(self.conn.fileno())
                     return
         except (EOFError, OSError):
@@ -299,7 +188,6 @@ class _Worker:
         return self.proc.poll()
 
     def kill(self) -> None:
-        self.channel.close()  # before the fd number can be reused by another file
         with contextlib.suppress(Exception):
             self.conn.close()
         if self.proc.poll() is None:
@@ -335,8 +223,7 @@ class WorkerPool:
         self.memory_mb = memory_mb
         self.nice = nice
         self.stats = PoolStats()
-        # only for starting and replacing workers (blocking, rare); tasks never go through a thread
-        self._threads = ThreadPoolExecutor(max_workers=workers + 1, thread_name_prefix="image-pool")
+        self._threads = ThreadPoolExecutor(max_workers=workers + 1, thread_name_prefix="image-pipe")
         self._workers: list[_Worker] = []
         self._idle: asyncio.Queue[_Worker] | None = None
         self._starting: asyncio.Future[None] | None = None
@@ -411,12 +298,13 @@ class WorkerPool:
         worker = await idle.get()
         if self._closed:
             raise WorkerCrashedError("the image worker pool is shutting down")
+        loop = asyncio.get_running_loop()
         self.stats.tasks += 1
-        roundtrip = asyncio.ensure_future(self._roundtrip(worker, (kind, payload, spec)))
+        future = loop.run_in_executor(self._threads, self._roundtrip, worker, (kind, payload, spec))
         # Whatever happens to the awaiting request (even cancellation), the worker goes back only once
         # its round trip is over: a worker is never handed two tasks at once.
-        roundtrip.add_done_callback(lambda f: self._return_worker(idle, f))
-        status, value, _ = await asyncio.shield(roundtrip)
+        future.add_done_callback(lambda f: self._return_worker(idle, f))
+        status, value, _ = await asyncio.shield(future)
         if status == "ok":
             return value
         if status == "error":
@@ -426,56 +314,37 @@ class WorkerPool:
 
     def _return_worker(self, idle: asyncio.Queue[_Worker], future: asyncio.Future[Any]) -> None:
         if future.cancelled() or future.exception() is not None:
-            return  # _roundtrip never raises; cancelled means the loop is shutting down
+            return  # _roundtrip never raises; a cancelled executor future means we are closing
         _, _, worker = future.result()
         if not self._closed:
             idle.put_nowait(worker)
 
-    async def _roundtrip(self, worker: _Worker, task: tuple[str, Any, Any]) -> tuple[str, Any, _Worker]:
-        """Send, wait (bounded), receive, all on the event loop. A dead or stuck worker is replaced (the
-        blocking start of its replacement runs on a thread)."""
-        loop = asyncio.get_running_loop()
+    def _roundtrip(self, worker: _Worker, task: tuple[str, Any, Any]) -> tuple[str, Any, _Worker]:
+        """In a pool thread: send, wait (bounded), receive. A dead or stuck worker is replaced here."""
         if worker.exitcode is not None:  # died while idle: replace it before it costs a request
             log.warning("image worker %s (pid %s) died while idle (exit %s)", worker.index, worker.pid,
                         worker.exitcode)  # fmt: skip
             self.stats.crashes += 1
-            worker = await self._replace_async(worker)
+            worker = self._replace(worker)
         try:
-            data = pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)
-            async with asyncio.timeout(self.task_timeout_s):
-                await worker.channel.send(data)
-                reply = await worker.channel.recv()
-            status, value = pickle.loads(reply)
-            return status, value, worker
-        except TimeoutError:
-            if self._closed:
-                return "crashed", "the image worker pool is shutting down", worker
+            worker.conn.send(task)
+            if worker.conn.poll(self.task_timeout_s):
+                status, value = worker.conn.recv()
+                return status, value, worker
             self.stats.timeouts += 1
             reason = (
                 f"image processing took longer than {self.task_timeout_s:g} s; "
                 "the worker was stopped and replaced"
             )
-        except (EOFError, OSError):
-            if self._closed:
-                return "crashed", "the image worker pool is shutting down", worker
-            code = await loop.run_in_executor(self._threads, _exit_code, worker)
+        except (EOFError, OSError, BrokenPipeError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.proc.wait(1.0)
             self.stats.crashes += 1
+            code = worker.exitcode
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
             reason = f"the image worker died ({how}) while processing this image; it was replaced"
-        except Exception as exc:  # a reply that does not unpickle: treat the worker as broken
-            self.stats.crashes += 1
-            reason = f"the image worker sent a broken reply ({exc.__class__.__name__}); it was replaced"
         log.warning("image worker %s (pid %s): %s", worker.index, worker.pid, reason)
-        return "crashed", reason, await self._replace_async(worker)
-
-    async def _replace_async(self, dead: _Worker) -> _Worker:
-        """``_replace`` on a thread (starting a worker blocks for a while); nothing to do once closed."""
-        if self._closed:
-            return dead
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._threads, self._replace, dead)
-        except RuntimeError:  # the executor shut down: the pool closed meanwhile
-            return dead
+        return "crashed", reason, self._replace(worker)
 
     def _replace(self, dead: _Worker) -> _Worker:
         dead.kill()
@@ -490,13 +359,6 @@ class WorkerPool:
             if self._closed:
                 fresh.kill()
         return fresh
-
-
-def _exit_code(worker: _Worker) -> int | None:
-    """The exit code of a worker whose pipe broke (waits up to 1 s for it to be reaped)."""
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        worker.proc.wait(1.0)
-    return worker.exitcode
 
 
 def _stop_all(workers: list[_Worker]) -> None:
