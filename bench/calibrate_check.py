@@ -256,6 +256,7 @@ async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
             busy_clock=_busy_clock(args),
             min_requests=args.min_requests,
             min_busy_s=args.min_busy_s,
+            jitter=args.jitter,
         )
         args.out.parent.mkdir(parents=True, exist_ok=True)
         prof_path = args.out.with_name(args.out.stem + "-profile.json")
@@ -270,7 +271,8 @@ async def check(args: argparse.Namespace, engine: str) -> dict[str, Any]:
             "mape_holdout": run.calibration.mape_holdout,
             "mape_all": run.calibration.mape_all,
             "shapes": len(run.measurements),
-            "mixed_runs": sum(1 for m in run.measurements if m.mix),
+            "mixed_runs": sum(1 for m in run.measurements if m.mix) if not args.jitter else args.mixed_runs,
+            "jitter": args.jitter,
             "terms": list(run.calibration.terms),
         }
     report["profile"] = {k: v for k, v in profile.to_dict().items() if k not in ("perf", "fit")}
@@ -335,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="Add this many mixed-shape runs (random grid shapes interleaved) to the calibration sweep.",
+    )
+    ap.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        help="Spread each grid shape's lengths by +-this fraction (8 variants), so requests run out of step.",
     )
     ap.add_argument("--mix-scale", type=float, default=1.0, help="Scale the mixes' lengths (slow engines).")
     ap.add_argument(

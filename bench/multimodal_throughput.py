@@ -10,7 +10,9 @@ count) and pool (fleetgate: worker processes sized from the cgroup/affinity budg
 front of simulated engines at time-scale 0 (never the bottleneck), a closed-loop flood of image requests
 (``--concurrency`` clients) for ``--seconds``, while a prober sends ``GET /healthz`` and a small text chat
 request every 50 ms. Reports completed image requests/s and the probes' latency at idle and during the flood
-(added latency = flood percentile - idle median).
+(added latency = flood percentile - idle median), and, per second of flood, the run-queue wait and CPU of the
+gateway and of its workers (``/proc/PID/schedstat``, ``/proc/PID/stat``) and the host's CPU pressure
+(``/proc/pressure/cpu``), to tell the loop's own work from a host short of CPU. ``--modes pool``: one mode.
 
     .venv/bin/python bench/multimodal_throughput.py                # both parts
     .venv/bin/python bench/multimodal_throughput.py --extra-path /tmp/mmlibs   # opencv/pyvips from there

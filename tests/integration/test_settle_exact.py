@@ -1,6 +1,7 @@
 """Settle is exact, end to end: after a run through the gateway, the MU the gateway booked as used per tenant
 (``GET /admin/usage/{tenant}``: settled MU, settled requests, token counts) equals the sum of the costs
-settled from the usage the engine reported for each request. (The sliding-window ``CapacityLedger`` is
+settled from the usage the engine reported for each request, and the capacity ledger's used MU
+(``GET /admin/capacity``) equals that sum exactly. (The sliding-window ``CapacityLedger`` is
 checked bit for bit in tests/unit/test_capacity.py.)"""
 
 from __future__ import annotations
@@ -68,6 +69,17 @@ def test_ledger_used_mu_equals_sum_of_settled_costs(start_engine: Any, tools: An
             report = {
                 t: client.get(url + f"/admin/usage/{t}", headers=admin).json() for t in ("gold", "blue")
             }
+            capacity = client.get(url + "/admin/capacity", headers=admin).json()
+        # the capacity ledger (GET /admin/capacity): used MU over its window is the exact sum of the settled
+        # costs (the run is far shorter than the 60 s window, so every request is still inside it)
+        (ledger,) = [d for d in capacity["deployments"] if d["deployment"] == MODEL]
+        every_cost = settled["gold"] + settled["blue"]
+        assert ledger["settled_requests_in_window"] == ledger["settled_requests_total"] == len(every_cost)
+        assert ledger["used_mu"] == math.fsum(every_cost)
+        assert ledger["used_mu_per_min"] == pytest.approx(ledger["used_mu"] * 60.0 / ledger["used_window_s"])
+        assert ledger["headroom_mu_per_min"] == pytest.approx(
+            ledger["capacity_mu_per_min"] - ledger["used_mu_per_min"]
+        )
         for tenant, costs in settled.items():
             booked = report[tenant]["usage"]
             assert booked["settled"] == len(costs)

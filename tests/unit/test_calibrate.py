@@ -302,3 +302,19 @@ def test_holdout_scores_the_split_fit_and_the_profile_uses_every_point() -> None
     assert cal.profile.fit["mape_all"] == cal.mape_all
     only_split = fit_cost_profile(data, random.Random(4), refit_all=False)
     assert only_split.profile.alpha == pytest.approx(cal.split_profile.alpha)
+
+
+def test_jittered_shapes_keep_the_means_and_break_lockstep() -> None:
+    from fleetgate.engines.calibration import Shape, jittered
+
+    js = jittered(Shape(100, 64), 0.3)
+    assert len(js) == 8 and len(set(js)) == 8
+    assert sum(j.words for j in js) / 8 == pytest.approx(100, abs=1)
+    assert sum(j.output_tokens for j in js) / 8 == pytest.approx(64, abs=1)
+    assert min(j.output_tokens for j in js) >= 0.7 * 64 and max(j.output_tokens for j in js) <= 1.3 * 64
+    # input and output factors are not in the same order (long prompts are not always long answers)
+    assert [j.words for j in js] == sorted(j.words for j in js)
+    assert [j.output_tokens for j in js] != sorted(j.output_tokens for j in js)
+    assert jittered(Shape(0, 1), 0.3)[0] == Shape(0, 1)  # never below one output token
+    with pytest.raises(ValueError):
+        jittered(Shape(1, 1), 1.0)

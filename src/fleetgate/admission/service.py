@@ -46,7 +46,7 @@ from fleetgate.core.admission import (
     estimated_tokens,
     settle_deltas,
 )
-from fleetgate.core.capacity import capacity_of
+from fleetgate.core.capacity import CapacityLedger, capacity_of
 from fleetgate.core.errors import FleetgateError, RateLimitError, ServiceUnavailableError
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage
 from fleetgate.stores import AdmissionStore, StoreUnavailableError, build_store
@@ -132,6 +132,7 @@ class AdmissionService:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._next_retry_s: float | None = None
         self._rejected: dict[str, int] = {}
+        self._ledgers: dict[str, CapacityLedger] = {}  # per deployment: settled MU over a sliding window
         self._closed = False
         self._clock_warned = False
 
@@ -501,6 +502,7 @@ class AdmissionService:
             self.core.settled(ticket.decision, ticket.tenant.limits, ticket.request, actual_mu)
         if not released:
             self.metrics.settled_mu.labels(ticket.tenant.name).inc(actual_mu)
+            self.ledger(ticket.request.model).record(ticket.tenant.name, actual_mu, now)
         if deltas and len(self.core.queue):
             self._wake.set()
 
@@ -525,21 +527,42 @@ class AdmissionService:
             "store_available": store_ok,
         }
 
+    def ledger(self, model: str) -> CapacityLedger:
+        """The deployment's capacity ledger (settled MU of this gateway over the last minute)."""
+        ledger = self._ledgers.get(model)
+        if ledger is None:
+            ledger = self._ledgers[model] = CapacityLedger(model, window_s=60.0)
+        return ledger
+
     def capacity_overview(self) -> list[dict[str, Any]]:
-        """Capacity, sold and unsold MU/min per deployment known to admission."""
-        models = set(self._capacities)
+        """Capacity, sold, used and headroom (MU/min) per deployment known to admission.
+
+        ``used`` is what this gateway settled over the ledger's window (exact sums of the settled costs);
+        with several gateways each reports its own share.
+        """
+        models = set(self._capacities) | set(self._ledgers)
         for t in self.directory.tenants().values():
             models.update(t.limits.reserved_mu_per_min)
+        now = self.clock()
         out = []
         for model in sorted(models):
             view = self.capacity(model)
             sold = self.directory.sold_mu_per_min(model)
+            ledger = self.ledger(model)
+            used_mu = ledger.used_mu(now)
+            used = used_mu * 60.0 / ledger.window_s
             out.append(
                 {
                     "deployment": model,
                     "capacity_mu_per_min": None if view is None else view.capacity_mu_per_min,
                     "sold_mu_per_min": sold,
                     "unsold_mu_per_min": None if view is None else max(0.0, view.capacity_mu_per_min - sold),
+                    "used_mu_per_min": used,
+                    "headroom_mu_per_min": None if view is None else view.capacity_mu_per_min - used,
+                    "used_mu": used_mu,
+                    "used_window_s": ledger.window_s,
+                    "settled_requests_in_window": len(ledger.in_window(now)),
+                    "settled_requests_total": ledger.total_settled_requests,
                     "best_effort_max_utilization": self.settings.best_effort_max_utilization,
                 }
             )

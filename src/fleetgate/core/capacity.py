@@ -116,6 +116,7 @@ class CapacityLedger:
         self._entries.append(Settlement(float(now), tenant, float(mu)))
         self.total_settled_mu_all_time += mu
         self.total_settled_requests += 1
+        self._expire(now)  # amortised O(1): the window stays bounded even when nobody reads it
         if len(self._entries) > self.max_entries:
             self._entries.popleft()
 
