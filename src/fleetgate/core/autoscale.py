@@ -311,8 +311,9 @@ def recent_demand(
     The stable demand is a minute's arrival volume, so a jump needs most of a minute to show in it. The
     in-flight total moves at once: right after a jump, completions still run at the old rate (they lag by the
     request latency), so settled MU per minute plus the in-flight growth since the newest sample at least
-    ``panic_window_s`` old, scaled to a minute, is the new arrival rate. 0 (not used) with
-    ``panic_on_recent`` off or in ``level`` mode.
+    ``panic_window_s`` old, scaled to a minute, is the new arrival rate (less one average request in flight,
+    so a lone arrival on a quiet deployment is not read as a surge). 0 (not used) with ``panic_on_recent``
+    off or in ``level`` mode.
     """
     if p.inflight_term != "change" or not p.panic_on_recent:
         return 0.0
@@ -321,7 +322,11 @@ def recent_demand(
     if not old:
         return 0.0
     t0, i0 = old[-1]
-    growth = max(0.0, max(0.0, ctx.inflight_mu) - i0) * 60.0 / (now - t0)
+    inflight = max(0.0, ctx.inflight_mu)
+    # One arrival is not a trend: discount one average request, so that a single request landing on a
+    # quiet, low-rate deployment does not read as a minute's worth of such requests and panic.
+    one_request = inflight / ctx.inflight_requests if ctx.inflight_requests >= 1 else 0.0
+    growth = max(0.0, inflight - i0 - one_request) * 60.0 / (now - t0)
     return max(0.0, ctx.settled_mu_per_min) + growth
 
 
