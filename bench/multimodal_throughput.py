@@ -45,6 +45,8 @@ import numpy as np
 import yaml
 from PIL import Image
 
+from fleetgate.engines.calibration import process_cpu_seconds
+
 MODEL = "bench-vlm"
 READY = re.compile(r"ready on (http://127\.0\.0\.1:\d+)")
 
@@ -277,11 +279,8 @@ def psi_cpu_some_s() -> float:
 
 
 def cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a process (0 when it is gone)."""
+    return process_cpu_seconds(pid, missing=0.0)
 
 
 def contention(pid: int) -> dict[str, float]:

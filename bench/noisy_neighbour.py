@@ -71,6 +71,7 @@ import yaml
 
 from fleetgate.core.tokenize import count_tokens, render_chat_prompt
 from fleetgate.core.units import CostProfile, load_profile
+from fleetgate.engines.calibration import process_cpu_seconds
 
 MODEL = "fleetgate-sim"
 GOLD_KEY = "sk-gold-bench"
@@ -604,12 +605,8 @@ async def run_benchmark(p: BenchParams, workdir: Path) -> dict[str, Any]:
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc; 0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a process (0 when it is gone)."""
+    return process_cpu_seconds(pid, missing=0.0)
 
 
 async def _drive(

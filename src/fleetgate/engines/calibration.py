@@ -84,11 +84,19 @@ class LevelResult:
         }
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) the process ``pid`` has used so far (Linux ``/proc``)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+def process_cpu_seconds(pid: int, *, missing: float | None = None) -> float:
+    """CPU seconds (user + system) the process ``pid`` has used so far (Linux ``/proc``).
+
+    With ``missing`` set, a process that is gone (or no ``/proc``) reads as that value instead of raising.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+    except (OSError, IndexError, ValueError):
+        if missing is None:
+            raise
+        return missing
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
