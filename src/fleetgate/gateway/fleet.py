@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from fleetgate.config import DeploymentConfig
 from fleetgate.core.errors import NotFoundError
@@ -96,6 +97,8 @@ class Deployment:
         self.policy = policy
         self.profile = profile
         self.replicas: dict[str, ReplicaState] = {}
+        #: ``gateway.gate.GateShell`` driving the policy's dispatch gate (made by the proxy on first use)
+        self.gate_shell: Any = None
         for replica in config.replicas:
             self.add_replica(replica.name, replica.url)
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fleetgate.gateway.fleet import Fleet
@@ -159,6 +159,21 @@ class _FleetCollector(Collector):
             "Engine prefix-cache token hit rate between the last two scrapes (0..1).",
             labels=labels,
         )
+        held = GaugeMetricFamily(
+            "fleetgate_gate_waiting_requests",
+            "Requests held at the gateway by the dispatch gate (every replica busy with prefill).",
+            labels=["deployment"],
+        )
+        held_total = CounterMetricFamily(
+            "fleetgate_gate_held",
+            "Requests the dispatch gate has held since start (released ones included).",
+            labels=["deployment"],
+        )
+        for dep in self._fleet.deployments.values():
+            gate = getattr(dep.policy, "gate", None)
+            if gate is not None:
+                held.add_metric([dep.model], len(gate))
+                held_total.add_metric([dep.model], gate.held_total)
         for deployment, replica in self._fleet.replicas():
             key = [deployment.model, replica.name]
             inflight.add_metric(key, replica.inflight_requests)
@@ -174,4 +189,4 @@ class _FleetCollector(Collector):
                     kv.add_metric(key, engine.kv_usage)
             if replica.engine_prefix_hit_rate is not None:
                 hits.add_metric(key, replica.engine_prefix_hit_rate)
-        yield from (inflight, inflight_mu, healthy, waiting, running, kv, hits)
+        yield from (inflight, inflight_mu, healthy, waiting, running, kv, hits, held, held_total)

@@ -59,6 +59,7 @@ from fleetgate.gateway.errors import (
     upstream_rejection,
 )
 from fleetgate.gateway.fleet import Deployment, Fleet, ReplicaState
+from fleetgate.gateway.gate import GateShell
 from fleetgate.gateway.metrics import GatewayMetrics
 
 if TYPE_CHECKING:
@@ -109,6 +110,7 @@ class _Call:
     tenant: str = ""
     ttft_s: float | None = None
     mu: float | None = None  # settled model units
+    info: RequestInfo | None = None  # what the router saw (for the policy's first-token hook)
 
 
 class Proxy:
@@ -275,6 +277,10 @@ class Proxy:
         new_body, strip = self._upstream_body(parsed, deployment, info)
         body = new_body if new_body is not None else await request.read()  # cached by aiohttp
         routing_hist = self.metrics.routing_child(deployment.model)
+        call.info = info
+        shell = self._gate_shell(deployment)
+        if shell is not None:
+            await shell.wait_turn(info)  # the dispatch gate: held while every replica is busy with prefill
         exclude: set[str] = set()
         last: UpstreamError | None = None
         for _ in range(self.config.max_attempts):
@@ -318,6 +324,13 @@ class Proxy:
         last.message = f"{last.message} (tried {len(call.attempts)} replica(s): {tried})"
         last.args = (last.message,)
         raise last
+
+    def _gate_shell(self, deployment: Deployment) -> GateShell | None:
+        """The deployment's dispatch-gate shell, when its policy has a gate (made on first use)."""
+        shell = deployment.gate_shell
+        if shell is None and getattr(deployment.policy, "gate", None) is not None:
+            shell = deployment.gate_shell = GateShell(deployment.policy, deployment.snapshots, self.clock)
+        return shell
 
     def _attempt_done(
         self, deployment: Deployment, replica: ReplicaState, info: RequestInfo, call: _Call
@@ -411,6 +424,9 @@ class Proxy:
                 await response.write(first)
                 tail = b""
             call.ttft_s = self.clock() - call.start
+            first_token = getattr(deployment.policy, "on_first_token", None)
+            if first_token is not None and call.info is not None:
+                first_token(call.info, replica.name, self.clock())
             self.metrics.replica(deployment.model, replica.name).ttft.observe(call.ttft_s)
             try:
                 if not tail and not content.at_eof():

@@ -61,6 +61,7 @@ ENGINE_STEP = int(EventKind.ENGINE_STEP)
 REPLICA_READY = int(EventKind.REPLICA_READY)
 AUTOSCALE_TICK = int(EventKind.AUTOSCALE_TICK)
 SCRAPE_TICK = int(EventKind.SCRAPE_TICK)
+GATE_WAKE = int(EventKind.GATE_WAKE)
 
 
 class Admission(Protocol):
@@ -166,6 +167,13 @@ class Simulator:
         self._name_index: dict[str, SimReplica] = {}
         self._visible: list[SimReplica] = []
         self._dirty: list[SimReplica] = []
+        # The policy's dispatch gate (core.routing.gate), when it has one: held requests are released by
+        # GATE_WAKE events at the time the policy expects a replica to be free.
+        self._gate: Any = getattr(policy, "gate", None)
+        self._gate_wake: float | None = None
+        self._on_first_token: Callable[[RequestInfo, str, float], None] | None = getattr(
+            policy, "on_first_token", None
+        )
 
     # ----------------------------------------------------------------------------------------- heap
 
@@ -277,6 +285,35 @@ class Simulator:
         if self.admission is not None and not self.admission.admit(info, now):
             self._rejected += 1
             return
+        gate = self._gate
+        if gate is not None:
+            backlog = self.policy.backlog_s(self.snapshots(), now)  # type: ignore[attr-defined]
+            if gate.should_hold(backlog):
+                gate.push((idx, info), self.policy.gate_prefill_s(info), now)  # type: ignore[attr-defined]
+                self._drain_gate(now)
+                return
+        self._route(idx, info, now)
+
+    def _drain_gate(self, now: float) -> None:
+        """Release held requests while a replica is (nearly) free; else wake up when one will be."""
+        gate = self._gate
+        assert gate is not None
+        backlog_of = self.policy.backlog_s  # type: ignore[attr-defined]
+        while True:
+            backlog = backlog_of(self.snapshots(), now)
+            item = gate.pop(backlog, now)
+            if item is None:
+                break
+            self._route(item[0], item[1], now)
+        wake = gate.next_wake(backlog, now)
+        if wake is not None and wake != self._gate_wake:
+            self._gate_wake = wake
+            self._push(max(wake, now), GATE_WAKE, wake)
+
+    def _route(self, idx: int, info: RequestInfo, now: float) -> None:
+        """Pick a replica for an admitted request and hand it to that replica's engine."""
+        tr = self.trace.requests[idx]
+        out_tokens = max(1, tr.output_tokens)
         try:
             decision = self.policy.pick(info, self.snapshots(), now, self.rng)
         except ServiceUnavailableError:
@@ -331,8 +368,12 @@ class Simulator:
                 cached_of[active[rid].idx] = cached
         if res.first_token:
             first = self._first
+            hook = self._on_first_token
             for rid, t in res.first_token.items():
-                first[active[rid].idx] = t
+                req = active[rid]
+                first[req.idx] = t
+                if hook is not None:
+                    hook(req.info, rep.name, t)
         if res.finished:
             fin = res.finished
             if len(fin) == 1:
@@ -475,6 +516,10 @@ class Simulator:
                     rep.ready_s = t
                     rep.mark_dirty()
                     self._record_replicas(t)
+            elif kind == GATE_WAKE:
+                if payload == self._gate_wake:  # else superseded by a later one
+                    self._gate_wake = None
+                    self._drain_gate(t)
             elif kind == AUTOSCALE_TICK:
                 self._autoscale(t)
                 if arrived < n or self._active:

@@ -68,6 +68,7 @@ class EventKind(IntEnum):
     REPLICA_READY = 2
     AUTOSCALE_TICK = 3
     SCRAPE_TICK = 4
+    GATE_WAKE = 5
 
 
 class ReplicaState(IntEnum):

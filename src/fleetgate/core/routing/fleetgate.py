@@ -38,6 +38,7 @@ from typing import Any
 
 from fleetgate.core.routing.affinity import BoundedLoadAffinity
 from fleetgate.core.routing.filters.routable import routable
+from fleetgate.core.routing.gate import DispatchGate, GateParams
 from fleetgate.core.routing.keys import KeyFunction
 from fleetgate.core.routing.outlier import OutlierDetector
 from fleetgate.core.routing.params import parse_params
@@ -104,6 +105,12 @@ class FleetgatePolicy:
         profile: str | None = None,
         prefill_mu_per_token: float | None = None,
         cache_discount: float | None = None,
+        gate: str = "auto",
+        gate_lead_s: float = 0.05,
+        gate_aging: float = 0.25,
+        gate_max_queued: int = 4096,
+        gate_max_wait_s: float = 10.0,
+        first_token_feedback: bool = False,
         outliers: OutlierDetector | None = None,
     ) -> None:
         if load_bound < 1.0 or rebalance_band < 0 or spill_factor < 1.0 or spill_slack_s < 0:
@@ -154,6 +161,13 @@ class FleetgatePolicy:
         if cache_weight < 0 or (prefill_tokens_per_s is not None and prefill_tokens_per_s <= 0):
             raise ValueError("need cache_weight >= 0 and prefill_tokens_per_s > 0")
         self.pick_rule = pick_rule
+        if gate not in ("auto", "on", "off"):
+            raise ValueError("gate must be 'auto', 'on' or 'off'")
+        # The dispatch gate (core.routing.gate) needs an accurate backlog, i.e. the engines' prefill rate:
+        # ``auto`` turns it on exactly when ``prefill_tokens_per_s`` is configured.
+        on = gate == "on" or (gate == "auto" and prefill_tokens_per_s is not None)
+        gp = GateParams(gate_lead_s, gate_aging, gate_max_queued, gate_max_wait_s)
+        self.gate: DispatchGate[Any] | None = DispatchGate(gp) if on else None
         self.engine_queue = engine_queue
         self.engine_queue_kv = engine_queue_kv
         self.cache_weight = float(cache_weight)
@@ -165,6 +179,11 @@ class FleetgatePolicy:
         self._kv: dict[str, list[float]] = {}
         self._kv_of: dict[str, tuple[str, float]] = {}
         self._busy: dict[str, float] = {}  # replica -> expected wait for a sequence slot (s)
+        # First-token feedback: request id -> (replica, expected end of its prefill, the replica's correction
+        # then); replica -> sum of the corrections applied to its fluid queue.
+        self.first_token_feedback = first_token_feedback
+        self._expect: dict[str, tuple[str, float, float]] = {}
+        self._shift: dict[str, float] = {}
         if load_signal not in ("ewma", "window"):
             raise ValueError("load_signal must be 'ewma' or 'window'")
         self.load_signal = load_signal
@@ -239,6 +258,33 @@ class FleetgatePolicy:
         if tps and full > 0 and inp > 0:
             return pre_mu * inp / (full * tps)
         return pre_mu / cap
+
+    def backlog_s(self, replicas: Sequence[ReplicaSnapshot], now: float) -> float:
+        """Seconds until the least-loaded routable replica has drained the prefill queued on it (the fluid
+        queue fed at dispatch); ``inf`` when no replica is routable. Drives the dispatch gate."""
+        lst = replicas if isinstance(replicas, list) else list(replicas)
+        reps = self.loads.reps
+        best = _INF
+        for r in routable(lst, PickContext(now, None, frozenset()), self.outliers):  # type: ignore[arg-type]
+            st = reps.get(r.name)
+            left = 0.0 if st is None else st[1] - now
+            if left < best:
+                best = left if left > 0.0 else 0.0
+        return best
+
+    def gate_prefill_s(self, request: RequestInfo) -> float:
+        """The request's prefill seconds on the replica expected to hold most of its prompt (the gate's
+        shortest-first order)."""
+        inp = request.input_tokens
+        cached = 0
+        hashes = request.prefix_hashes
+        if hashes and self.index is not None:
+            depths, _ = self.index.match(hashes)
+            if depths:
+                cached = min(max(depths.values()) * request.prefix_block_tokens, inp)
+        full = self.prefill_mu(request)
+        pre = full - (full * (1.0 - self.cache_discount) / inp * cached if inp > 0 else 0.0)
+        return self._prefill_s(request, pre, self._cap_rate)
 
     def _key(self, request: RequestInfo) -> int:
         """The request's workload key (memoised for the pick -> on_dispatch pair of one request object)."""
@@ -500,6 +546,7 @@ class FleetgatePolicy:
                 self._kv_of.clear()
                 self._kv.clear()
                 self._busy.clear()
+                self._expect.clear()
             self._charged[request.request_id] = cost
             out = request.estimated_output_tokens or request.max_output_tokens or self.default_output
             tokens = request.input_tokens + 0.5 * min(out, 4 * self.default_output)
@@ -510,6 +557,12 @@ class FleetgatePolicy:
             kv[0] += 1.0
             kv[1] += tokens
             self._kv_of[request.request_id] = (replica, tokens)
+            if self.first_token_feedback:
+                self._expect[request.request_id] = (
+                    replica,
+                    self.loads.reps[replica][1],
+                    self._shift.get(replica, 0.0),
+                )
             self._update_busy(replica, kv[0])
         aff = self.affinity
         key = self._key(request)
@@ -538,6 +591,22 @@ class FleetgatePolicy:
             self.maintain(now)
             self._next_maintenance = now + self.rebalance_interval_s
 
+    def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
+        """The request's first token arrived: its prefill (and, first come first served, everything queued
+        before it) is done. Move the replica's fluid queue by how far off its expected end was, so the
+        backlog (and the dispatch gate) follows the engine's real pace. Corrections already applied since the
+        request was queued are counted, so a constant delay (network, first decode step) does not add up."""
+        exp = self._expect.pop(request.request_id, None)
+        if exp is None or exp[0] != replica:
+            return
+        st = self.loads.reps.get(replica)
+        if st is None:
+            return
+        shift = self._shift.get(replica, 0.0)
+        drift = now - (exp[1] + shift - exp[2])
+        st[1] += drift
+        self._shift[replica] = shift + drift
+
     def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
         if self.outliers is not None:
             self.outliers.record(replica, ok, now)
@@ -551,6 +620,7 @@ class FleetgatePolicy:
 
     def _release(self, request_id: str) -> None:
         """Take a request out of its replica's in-flight count (completed, failed or re-dispatched)."""
+        self._expect.pop(request_id, None)
         held = self._kv_of.pop(request_id, None)
         if held is not None:
             kv = self._kv.get(held[0])
@@ -687,6 +757,14 @@ _PARAMS: dict[str, Any] = {
     "profile": str,
     "prefill_mu_per_token": float,
     "cache_discount": float,
+    "gate": lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v),
+    "gate_lead_s": float,
+    "gate_aging": float,
+    "gate_max_queued": int,
+    "gate_max_wait_s": float,
+    "first_token_feedback": lambda v: (
+        v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
+    ),
 }
 
 

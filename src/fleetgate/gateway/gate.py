@@ -1,0 +1,95 @@
+"""The asyncio shell around a policy's dispatch gate (``core.routing.gate``): held requests wait on a future,
+one timer wakes the gate when the policy expects a replica to be free.
+
+A released request resumes in the same loop turn, before the next drain runs (``call_soon`` is FIFO), and
+its pick and ``on_dispatch`` are synchronous, so the backlog the next drain reads already counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from fleetgate.core.routing.gate import DispatchGate
+from fleetgate.core.types import ReplicaSnapshot, RequestInfo
+
+
+class GateShell:
+    """Drives ``policy.gate`` for one deployment. ``snapshots`` gives the current replica snapshots."""
+
+    def __init__(
+        self,
+        policy: Any,
+        snapshots: Callable[[], list[ReplicaSnapshot]],
+        clock: Callable[[], float],
+    ) -> None:
+        self.policy = policy
+        self.gate: DispatchGate[asyncio.Future[None]] = policy.gate
+        self.snapshots = snapshots
+        self.clock = clock
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._drain_soon = False
+
+    def held(self) -> int:
+        return len(self.gate)
+
+    async def wait_turn(self, info: RequestInfo) -> float:
+        """Return when the request may be routed; the seconds it was held (0.0 when not held)."""
+        now = self.clock()
+        if not self.gate.should_hold(self.policy.backlog_s(self.snapshots(), now)):
+            return 0.0
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.gate.push(fut, self.policy.gate_prefill_s(info), now)
+        self._drain()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self.gate.remove(fut)  # the client left while held: nothing was sent anywhere
+            raise
+        return self.clock() - now
+
+    def _drain(self) -> None:
+        """Release the next held request if a replica is (nearly) free, else arm the timer."""
+        self._drain_soon = False
+        now = self.clock()
+        backlog = self.policy.backlog_s(self.snapshots(), now)
+        while True:
+            fut = self.gate.pop(backlog, now)
+            if fut is None:
+                break
+            if fut.done():  # cancelled between its release and now
+                continue
+            fut.set_result(None)
+            # The released request routes (and raises the backlog) when its task runs; drain again after it.
+            self._drain_soon = True
+            asyncio.get_running_loop().call_soon(self._drain)
+            return
+        wake = self.gate.next_wake(backlog, now)
+        if wake is None:
+            return
+        if self._timer is not None:
+            if self._timer_at is not None and self._timer_at <= wake:
+                return  # an earlier (or the same) wake-up is already armed
+            self._timer.cancel()
+        self._timer_at = wake
+        self._timer = asyncio.get_running_loop().call_later(max(wake - now, 0.0), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        if not self._drain_soon:
+            self._drain()
+
+    def close(self) -> None:
+        """Release everything still held (shutdown): the requests go on to routing, none is dropped."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while len(self.gate):
+            fut = self.gate.pop(0.0, self.clock())
+            if fut is None:
+                break
+            if not fut.done():
+                fut.set_result(None)

@@ -1,0 +1,127 @@
+"""The dispatch gate (core.routing.gate) and its use by the fleetgate policy, without sockets."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fleetgate.core.routing.fleetgate import FleetgatePolicy
+from fleetgate.core.routing.gate import DispatchGate, GateParams
+from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
+
+
+def test_holds_only_while_every_replica_is_busy_or_others_wait() -> None:
+    gate: DispatchGate[str] = DispatchGate(GateParams(lead_s=0.05))
+    assert not gate.should_hold(0.0)
+    assert not gate.should_hold(0.05)
+    assert gate.should_hold(0.2)
+    gate.push("a", 1.0, now=0.0)
+    assert gate.should_hold(0.0)  # no overtaking a held request on arrival
+
+
+def test_releases_shortest_prefill_first_when_a_replica_is_free() -> None:
+    gate: DispatchGate[str] = DispatchGate(GateParams(lead_s=0.05, aging=0.0))
+    for name, size in (("long", 0.9), ("short", 0.1), ("mid", 0.4)):
+        gate.push(name, size, now=0.0)
+    assert gate.pop(backlog_s=0.3, now=0.1) is None  # every replica still busy
+    assert gate.next_wake(0.3, now=0.1) == pytest.approx(0.35)
+    assert [gate.pop(0.0, 0.4) for _ in range(3)] == ["short", "mid", "long"]
+    assert gate.pop(0.0, 0.4) is None
+    assert gate.next_wake(0.0, 0.4) is None
+    assert (gate.held_total, gate.released_total, len(gate)) == (3, 3, 0)
+
+
+def test_aging_lets_an_old_long_request_pass_new_short_ones() -> None:
+    gate: DispatchGate[str] = DispatchGate(GateParams(aging=1.0))
+    gate.push("old-long", 0.8, now=0.0)
+    gate.push("new-short", 0.2, now=1.0)  # waited 1 s less: 0.8 - 1.0 * 1.0 < 0.2
+    assert gate.pop(0.0, now=1.0) == "old-long"
+    pure: DispatchGate[str] = DispatchGate(GateParams(aging=0.0))
+    pure.push("old-long", 0.8, now=0.0)
+    pure.push("new-short", 0.2, now=1.0)
+    assert pure.pop(0.0, now=1.0) == "new-short"
+
+
+def test_max_wait_valve_and_removal() -> None:
+    gate: DispatchGate[str] = DispatchGate(GateParams(max_wait_s=2.0, aging=0.0))
+    gate.push("a", 5.0, now=0.0)
+    gate.push("b", 0.1, now=1.0)
+    gate.push("c", 0.2, now=1.5)
+    assert gate.remove("b")
+    assert not gate.remove("b")
+    assert gate.next_wake(float("inf"), now=1.0) == pytest.approx(2.0)  # nothing routable: the valve
+    assert gate.pop(10.0, now=1.9) is None
+    assert gate.pop(10.0, now=2.0) == "a"  # held 2 s: released whatever the backlog
+    assert gate.timed_out == 1
+    assert gate.pop(0.0, now=2.0) == "c"
+    assert len(gate) == 0
+
+
+def test_full_queue_stops_holding() -> None:
+    gate: DispatchGate[int] = DispatchGate(GateParams(max_queued=2))
+    gate.push(1, 0.1, 0.0)
+    gate.push(2, 0.1, 0.0)
+    assert not gate.should_hold(5.0)
+
+
+def test_params_are_checked() -> None:
+    with pytest.raises(ValueError):
+        GateParams(lead_s=-1)
+    with pytest.raises(ValueError):
+        GateParams(max_wait_s=0)
+
+
+def _snap(name: str, health: HealthState = HealthState.HEALTHY) -> ReplicaSnapshot:
+    return ReplicaSnapshot(
+        name=name, url=f"http://127.0.0.1:1/{name}", health=health, capacity_mu_per_min=6000
+    )
+
+
+def _req(rid: str, tokens: int) -> RequestInfo:
+    return RequestInfo(request_id=rid, model="m", tenant="t", input_tokens=tokens, cost_mu=float(tokens))
+
+
+def test_policy_gate_is_on_when_the_engine_prefill_rate_is_known() -> None:
+    assert FleetgatePolicy().gate is None
+    assert FleetgatePolicy(gate="on").gate is not None
+    assert FleetgatePolicy(prefill_tokens_per_s=1000.0).gate is not None
+    assert FleetgatePolicy(prefill_tokens_per_s=1000.0, gate="off").gate is None
+    with pytest.raises(ValueError):
+        FleetgatePolicy(gate="sometimes")
+
+
+def test_backlog_is_the_least_loaded_routable_replica() -> None:
+    policy = FleetgatePolicy(prefill_tokens_per_s=1000.0)
+    reps = [_snap("a"), _snap("b"), _snap("c", HealthState.UNHEALTHY)]
+    rng = random.Random(1)
+    assert policy.backlog_s(reps, 0.0) == 0.0
+    for i in range(2):
+        req = _req(f"r{i}", 1000)
+        d = policy.pick(req, reps, 0.0, rng)
+        policy.on_dispatch(req, d.replica, 0.0)
+    # one 1-s prefill queued on each healthy replica (the unhealthy one does not count as free)
+    assert policy.backlog_s(reps, 0.0) == pytest.approx(1.0, rel=1e-6)
+    assert policy.backlog_s(reps, 0.4) == pytest.approx(0.6, rel=1e-6)
+    assert policy.backlog_s(reps, 2.0) == 0.0
+    assert policy.gate_prefill_s(_req("x", 500)) == pytest.approx(0.5, rel=1e-6)
+    assert policy.backlog_s([_snap("c", HealthState.UNHEALTHY)], 0.0) == float("inf")
+
+
+def test_first_token_feedback_follows_the_engine_without_adding_up_a_constant_delay() -> None:
+    policy = FleetgatePolicy(prefill_tokens_per_s=1000.0, first_token_feedback=True, min_subset=1)
+    reps = [_snap("a")]
+    rng = random.Random(1)
+    reqs = [_req(f"r{i}", 1000) for i in range(3)]
+    for r in reqs:
+        policy.pick(r, reps, 0.0, rng)
+        policy.on_dispatch(r, "a", 0.0)
+    assert policy.backlog_s(reps, 0.0) == pytest.approx(3.0)
+    # every first token arrives 0.1 s after the model says its prefill ends: the queue moves by 0.1 once
+    policy.on_first_token(reqs[0], "a", 1.1)
+    assert policy.backlog_s(reps, 1.1) == pytest.approx(2.0)
+    policy.on_first_token(reqs[1], "a", 2.1)
+    assert policy.backlog_s(reps, 2.1) == pytest.approx(1.0)
+    # the engine turns out twice as fast for the last one: the queue is pulled in
+    policy.on_first_token(reqs[2], "a", 2.6)
+    assert policy.backlog_s(reps, 2.6) == 0.0
