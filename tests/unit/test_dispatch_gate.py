@@ -72,9 +72,13 @@ def test_params_are_checked() -> None:
         GateParams(max_wait_s=0)
 
 
-def _snap(name: str, health: HealthState = HealthState.HEALTHY) -> ReplicaSnapshot:
+def _snap(name: str, health: HealthState = HealthState.HEALTHY, inflight: int = 1) -> ReplicaSnapshot:
     return ReplicaSnapshot(
-        name=name, url=f"http://127.0.0.1:1/{name}", health=health, capacity_mu_per_min=6000
+        name=name,
+        url=f"http://127.0.0.1:1/{name}",
+        health=health,
+        capacity_mu_per_min=6000,
+        inflight_requests=inflight,
     )
 
 
@@ -109,7 +113,7 @@ def test_backlog_is_the_least_loaded_routable_replica() -> None:
 
 
 def test_first_token_feedback_follows_the_engine_without_adding_up_a_constant_delay() -> None:
-    policy = FleetgatePolicy(prefill_tokens_per_s=1000.0, first_token_feedback=True, min_subset=1)
+    policy = FleetgatePolicy(prefill_tokens_per_s=1000.0, first_token_feedback="on", min_subset=1)
     reps = [_snap("a")]
     rng = random.Random(1)
     reqs = [_req(f"r{i}", 1000) for i in range(3)]
@@ -125,3 +129,21 @@ def test_first_token_feedback_follows_the_engine_without_adding_up_a_constant_de
     # the engine turns out twice as fast for the last one: the queue is pulled in
     policy.on_first_token(reqs[2], "a", 2.6)
     assert policy.backlog_s(reps, 2.6) == 0.0
+
+
+def test_an_idle_replica_has_no_backlog_whatever_the_estimate() -> None:
+    """A configured prefill rate far below the engine's must not hold requests while a replica idles."""
+    policy = FleetgatePolicy(prefill_tokens_per_s=1.0)  # 1,000 s per request by the estimate
+    rng = random.Random(1)
+    req = _req("r0", 1000)
+    d = policy.pick(req, [_snap("a")], 0.0, rng)
+    policy.on_dispatch(req, d.replica, 0.0)
+    assert policy.backlog_s([_snap("a", inflight=1)], 5.0) == pytest.approx(995.0)
+    assert policy.backlog_s([_snap("a", inflight=0)], 5.0) == 0.0  # it finished: idle
+
+
+def test_first_token_feedback_follows_the_gate_by_default() -> None:
+    assert FleetgatePolicy(prefill_tokens_per_s=1000.0).first_token_feedback
+    assert not FleetgatePolicy().first_token_feedback
+    assert not FleetgatePolicy(prefill_tokens_per_s=1000.0, first_token_feedback="off").first_token_feedback
+    assert FleetgatePolicy(first_token_feedback="on").first_token_feedback

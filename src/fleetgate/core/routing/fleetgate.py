@@ -22,6 +22,11 @@ Per request (``pick``: O(replicas) plus O(matched prefix depth), no per-replica 
    overall would be much faster (``leader_ttft > spill_factor * best_ttft + spill_slack_s``), in which
    case that one does (a *spill*). ``pick_rule: ttft``: the lowest ``ttft + cache_weight * own_prefill``.
 
+Before the pick, the **dispatch gate** (``gate``, ``core.routing.gate``; on when the engines' prefill rate
+is known) holds requests at the gateway while every replica has prefill queued (``backlog_s``) and releases
+them shortest expected prefill first (``gate_prefill_s``), so the pick happens when a replica can start the
+request.
+
 Every ``rebalance_interval_s`` (driven by the ``now`` passed in): keys idle for ``key_ttl_s`` are forgotten,
 cooled keys shrink their subsets, replicas that left the fleet are dropped from subsets, and replicas whose
 MU rate is above ``(1 + rebalance_band)`` x mean hand their largest keys that fit in the excess to the next
@@ -110,7 +115,7 @@ class FleetgatePolicy:
         gate_aging: float = 0.25,
         gate_max_queued: int = 4096,
         gate_max_wait_s: float = 10.0,
-        first_token_feedback: bool = False,
+        first_token_feedback: str = "auto",
         outliers: OutlierDetector | None = None,
     ) -> None:
         if load_bound < 1.0 or rebalance_band < 0 or spill_factor < 1.0 or spill_slack_s < 0:
@@ -181,7 +186,12 @@ class FleetgatePolicy:
         self._busy: dict[str, float] = {}  # replica -> expected wait for a sequence slot (s)
         # First-token feedback: request id -> (replica, expected end of its prefill, the replica's correction
         # then); replica -> sum of the corrections applied to its fluid queue.
-        self.first_token_feedback = first_token_feedback
+        if first_token_feedback not in ("auto", "on", "off"):
+            raise ValueError("first_token_feedback must be 'auto', 'on' or 'off'")
+        # ``auto``: with the gate, whose holds depend on the backlog being right.
+        self.first_token_feedback = first_token_feedback == "on" or (
+            first_token_feedback == "auto" and self.gate is not None
+        )
         self._expect: dict[str, tuple[str, float, float]] = {}
         self._shift: dict[str, float] = {}
         if load_signal not in ("ewma", "window"):
@@ -261,11 +271,14 @@ class FleetgatePolicy:
 
     def backlog_s(self, replicas: Sequence[ReplicaSnapshot], now: float) -> float:
         """Seconds until the least-loaded routable replica has drained the prefill queued on it (the fluid
-        queue fed at dispatch); ``inf`` when no replica is routable. Drives the dispatch gate."""
+        queue fed at dispatch; 0 for a replica with nothing in flight, so a too-slow configured engine rate
+        never holds a request while a replica idles); ``inf`` when no replica is routable. Drives the gate."""
         lst = replicas if isinstance(replicas, list) else list(replicas)
         reps = self.loads.reps
         best = _INF
         for r in routable(lst, PickContext(now, None, frozenset()), self.outliers):  # type: ignore[arg-type]
+            if r.inflight_requests == 0:
+                return 0.0  # nothing in flight there: idle, whatever the estimate says
             st = reps.get(r.name)
             left = 0.0 if st is None else st[1] - now
             if left < best:
@@ -762,9 +775,7 @@ _PARAMS: dict[str, Any] = {
     "gate_aging": float,
     "gate_max_queued": int,
     "gate_max_wait_s": float,
-    "first_token_feedback": lambda v: (
-        v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
-    ),
+    "first_token_feedback": lambda v: ("on" if v else "off") if isinstance(v, bool) else str(v),
 }
 
 
