@@ -170,14 +170,20 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
     procs: list[ServerProcess] = []
 
     def start(
-        deployments: dict[str, Sequence[ServerProcess]], policy: str = "round_robin", **gateway: Any
+        deployments: dict[str, Sequence[ServerProcess]],
+        policy: str = "round_robin",
+        routing_params: dict[str, Any] | None = None,
+        **gateway: Any,
     ) -> ServerProcess:
+        routing: dict[str, Any] = {"policy": policy}
+        if routing_params:
+            routing["params"] = routing_params
         cfg = {
             "gateway": {"host": "127.0.0.1", "port": 0, "scrape_interval_s": 0.5, **gateway},
             "deployments": [
                 {
                     "model": model,
-                    "routing": {"policy": policy},
+                    "routing": routing,
                     "replicas": [{"name": f"r{i}", "url": e.url} for i, e in enumerate(engines)],
                 }
                 for model, engines in deployments.items()
