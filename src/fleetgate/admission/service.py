@@ -549,7 +549,8 @@ class AdmissionService:
             view = self.capacity(model)
             sold = self.directory.sold_mu_per_min(model)
             ledger = self.ledger(model)
-            used_mu = ledger.used_mu(now)
+            window = ledger.in_window(now)  # one walk of the window for the sum and the count
+            used_mu = math.fsum(s.mu for s in window)
             used = used_mu * 60.0 / ledger.window_s
             out.append(
                 {
@@ -561,7 +562,7 @@ class AdmissionService:
                     "headroom_mu_per_min": None if view is None else view.capacity_mu_per_min - used,
                     "used_mu": used_mu,
                     "used_window_s": ledger.window_s,
-                    "settled_requests_in_window": len(ledger.in_window(now)),
+                    "settled_requests_in_window": len(window),
                     "settled_requests_total": ledger.total_settled_requests,
                     "best_effort_max_utilization": self.settings.best_effort_max_utilization,
                 }

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -44,13 +43,14 @@ class GateParams:
 
 class DispatchGate(Generic[T]):
     """Held requests ordered by ``prefill_s + aging * enqueued_at`` (the same order as ``prefill_s - aging *
-    waited`` at any instant, so a heap keeps it without re-sorting). Removal is lazy."""
+    waited`` at any instant, so a heap keeps it without re-sorting). Removal is lazy: a released or removed
+    request leaves the live map and its heap and arrival-order entries are skipped when they come up."""
 
     def __init__(self, params: GateParams | None = None) -> None:
         self.params = params or GateParams()
-        self._heap: list[tuple[float, int, T]] = []
-        self._fifo: deque[tuple[float, int]] = deque()  # (enqueued_at, seq) in arrival order
-        self._live: dict[int, float] = {}  # seq -> enqueued_at, for items still held
+        self._heap: list[tuple[float, int]] = []  # (order key, seq)
+        self._fifo: deque[int] = deque()  # seqs in arrival order (for the max-wait valve)
+        self._live: dict[int, tuple[float, T]] = {}  # seq -> (enqueued_at, item), for items still held
         self._seq = itertools.count()
         self._of: dict[int, int] = {}  # id(item) -> seq, for remove()
         self.held_total = 0
@@ -69,9 +69,9 @@ class DispatchGate(Generic[T]):
 
     def push(self, item: T, prefill_s: float, now: float) -> None:
         seq = next(self._seq)
-        heapq.heappush(self._heap, (prefill_s + self.params.aging * now, seq, item))
-        self._fifo.append((now, seq))
-        self._live[seq] = now
+        heapq.heappush(self._heap, (prefill_s + self.params.aging * now, seq))
+        self._fifo.append(seq)
+        self._live[seq] = (now, item)
         self._of[id(item)] = seq
         self.held_total += 1
 
@@ -80,44 +80,33 @@ class DispatchGate(Generic[T]):
         seq = self._of.pop(id(item), None)
         return seq is not None and self._live.pop(seq, None) is not None
 
-    def _oldest(self) -> tuple[float, int] | None:
+    def _oldest(self) -> int | None:
         fifo, live = self._fifo, self._live
-        while fifo and fifo[0][1] not in live:
+        while fifo and fifo[0] not in live:
             fifo.popleft()
         return fifo[0] if fifo else None
+
+    def _take(self, seq: int) -> T:
+        _, item = self._live.pop(seq)
+        self._of.pop(id(item), None)
+        self.released_total += 1
+        return item
 
     def pop(self, backlog_s: float, now: float) -> T | None:
         """The next request to release, or ``None`` while the fleet is saturated (or nothing is held)."""
         oldest = self._oldest()
         if oldest is None:
             return None
-        if oldest[0] + self.params.max_wait_s <= now:
+        if self._live[oldest][0] + self.params.max_wait_s <= now:
             self.timed_out += 1
-            return self._take(oldest[1])
+            return self._take(oldest)  # the valve: out of heap order
         if backlog_s > self.params.lead_s + _EPS:
             return None
         heap, live = self._heap, self._live
         while heap:
-            _, seq, item = heapq.heappop(heap)
+            seq = heapq.heappop(heap)[1]
             if seq in live:
-                del live[seq]
-                self._of.pop(id(item), None)
-                self.released_total += 1
-                return item
-        return None
-
-    def _take(self, seq: int) -> T | None:
-        """Release ``seq`` out of heap order (the max-wait valve)."""
-        for i, (_, s, item) in enumerate(self._heap):
-            if s == seq:
-                self._heap[i] = self._heap[-1]
-                self._heap.pop()
-                heapq.heapify(self._heap)
-                del self._live[seq]
-                self._of.pop(id(item), None)
-                self.released_total += 1
-                return item
-        self._live.pop(seq, None)
+                return self._take(seq)
         return None
 
     def next_wake(self, backlog_s: float, now: float) -> float | None:
@@ -125,9 +114,6 @@ class DispatchGate(Generic[T]):
         oldest = self._oldest()
         if oldest is None:
             return None
-        at = now + max(backlog_s - self.params.lead_s, 0.0)
-        return (
-            min(at, oldest[0] + self.params.max_wait_s)
-            if math.isfinite(at)
-            else oldest[0] + (self.params.max_wait_s)
+        return min(
+            now + max(backlog_s - self.params.lead_s, 0.0), self._live[oldest][0] + self.params.max_wait_s
         )
