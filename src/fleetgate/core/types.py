@@ -87,6 +87,10 @@ class ReplicaSnapshot:
     engine_prefix_hit_rate: float | None = None
     consecutive_failures: int = 0
     ejected_until_s: float = 0.0
+    #: Engine rates learned online for this replica (``None`` until enough observations): prompt tokens
+    #: prefilled per second, and seconds per decoded token. The router prefers a configured rate when set.
+    learned_prefill_tokens_per_s: float | None = None
+    learned_decode_s_per_token: float | None = None
 
     @property
     def routable(self) -> bool:
