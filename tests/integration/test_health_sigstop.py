@@ -1,8 +1,9 @@
 """A replica frozen with SIGSTOP (the whole process stops: no HTTP, no progress) is detected and restarted.
 
 The simulated engine always runs; the llama.cpp variant runs when ``make llama-server tiny-model`` has built
-the real engine (skipped otherwise). Remediation goes through the local process provider, which has to
-SIGKILL a stopped process (SIGTERM is not delivered until it is continued).
+the real engine (``make test`` builds it; skipped otherwise in a run by hand). Remediation goes through the
+local process provider, which has to SIGKILL a stopped process (SIGTERM is not delivered until it is
+continued).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fleetgate.core.health import HealthPolicy
 from fleetgate.core.types import HealthState
 from fleetgate.health import HealthMonitor
 from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
+from real_engines import need_llama
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -72,11 +74,9 @@ async def test_sigstop_sim_engine_detected_and_restarted() -> None:
 
 
 async def test_sigstop_llama_server_detected_and_restarted() -> None:
-    from fleetgate.engines.llama import llama_command_template, missing_llama_parts
+    from fleetgate.engines.llama import llama_command_template
 
-    missing = missing_llama_parts()
-    if missing:
-        pytest.skip("real llama.cpp engine not built: " + "; ".join(missing))
+    need_llama()
     prov = LocalProcessProvider(
         model="tiny-llama", command=llama_command_template(), url_from_output=False, health_path="/health",
         stop_timeout_s=1.0,

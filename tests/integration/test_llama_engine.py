@@ -1,7 +1,8 @@
 """Real llama.cpp ``llama-server`` replicas on the project's tiny random-weight model.
 
 Two replicas run side by side on 127.0.0.1. Needs the binary and the model built by ``make llama-server
-tiny-model`` (cached under ~/.cache/fleetgate); skipped with that instruction when they are missing.
+tiny-model`` (cached under ~/.cache/fleetgate; ``make test`` builds them): skipped with that instruction when
+they are missing in a run by hand, a failure under ``make test`` (tests/real_engines.py).
 """
 
 from __future__ import annotations
@@ -29,16 +30,14 @@ from fleetgate.engines.llama import (
     descendant_pids,
     free_port,
     llama_command_template,
-    missing_llama_parts,
     start_llama_replicas,
 )
+from real_engines import need_llama
 
 
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineProcess]]:
-    missing = missing_llama_parts()
-    if missing:
-        pytest.skip("real llama.cpp engine not built: " + "; ".join(missing))
+    need_llama()
     logs = tmp_path_factory.mktemp("llama-logs")
     t0 = time.monotonic()
     procs = start_llama_replicas(2, log_dir=logs, parallel=2, ctx_size=4096, threads=1, timeout=60)
@@ -235,9 +234,7 @@ def test_sigstop_freezes_replica_and_restart_recovers_it(replicas: list[EnginePr
 def test_gateway_in_front_of_two_llama_replicas(tmp_path: Path) -> None:
     """`fleetgate up` with `local.command` = llama-server: the gateway starts two real replicas and proxies
     OpenAI requests (plain and streamed) to them; stopping the gateway stops the replicas."""
-    missing = missing_llama_parts()
-    if missing:
-        pytest.skip("real llama.cpp engine not built: " + "; ".join(missing))
+    need_llama()
     cfg = {
         "deployments": [{"model": MODEL, "routing": {"policy": "round_robin"}}],
         "local": {"command": llama_command_template(parallel=2, ctx_size=2048), "ready_timeout_s": 60},
@@ -301,9 +298,7 @@ def test_gateway_in_front_of_two_llama_replicas(tmp_path: Path) -> None:
 
 
 def test_four_replicas_side_by_side(tmp_path: Path) -> None:
-    missing = missing_llama_parts()
-    if missing:
-        pytest.skip("real llama.cpp engine not built: " + "; ".join(missing))
+    need_llama()
     procs = start_llama_replicas(4, log_dir=tmp_path, parallel=1, ctx_size=1024, timeout=60)
     try:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:

@@ -18,19 +18,17 @@ from fleetgate.engines.llama import EngineProcess, free_port
 from fleetgate.engines.vllm_cpu import (
     VllmCpuConfig,
     build_vllm_command,
-    missing_vllm_parts,
     vllm_cpu_server,
     vllm_env,
 )
+from real_engines import need_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    missing = missing_vllm_parts()
-    if missing:
-        pytest.skip("vLLM CPU engine not built: " + "; ".join(missing))
+    need_vllm()
     log = tmp_path_factory.mktemp("vllm-logs") / "vllm.log"
     cfg = VllmCpuConfig(port=free_port(), max_model_len=2048, max_num_seqs=4, kv_cache_gib=1)
     proc = vllm_cpu_server(cfg, log_path=log)
