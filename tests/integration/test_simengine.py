@@ -238,7 +238,14 @@ def test_metrics_use_vllm_names(engine: Engine) -> None:
         (b"{not json", 400, None),
         (b"[]", 400, None),
         (b'{"model": "sim-test"}', 400, "messages"),
-        (b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "n"),
+        (b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "n": 0}', 400, "n"),
+        (b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "n": 999}', 400, "n"),
+        (
+            b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], '
+            b'"tool_choice": "required"}',
+            400,
+            "tool_choice",
+        ),
         (
             b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
             400,

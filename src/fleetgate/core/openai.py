@@ -20,8 +20,12 @@ from fleetgate.core.types import Priority, RequestInfo, Usage
 
 Endpoint = Literal["chat", "completions"]
 
-#: Fields whose value must be a boolean when present.
-_BOOL_FIELDS = ("stream", "logprobs", "echo")
+#: Fields whose value must be a boolean when present, per endpoint. ``logprobs`` differs: a boolean on chat
+#: (with an integer ``top_logprobs``), the number of alternatives per token on completions (OpenAI's legacy
+#: API and vLLM; lm-evaluation-harness sends ``logprobs: 1, echo: true``).
+_BOOL_FIELDS: dict[str, tuple[str, ...]] = {"chat": ("stream", "logprobs"), "completions": ("stream", "echo")}
+#: Integer fields >= 0, per endpoint. The upper bound is the engine's to judge (vLLM: ``--max-logprobs``).
+_COUNT_FIELDS: dict[str, tuple[str, ...]] = {"chat": ("top_logprobs",), "completions": ("logprobs",)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +102,14 @@ def parse_request(
         raise InvalidRequestError("you must provide a model parameter", param="model")
     if not isinstance(model, str) or not model:
         raise InvalidRequestError("'model' must be a non-empty string", param="model")
-    for name in _BOOL_FIELDS:
+    for name in _BOOL_FIELDS[endpoint]:
         value = body.get(name)
         if value is not None and not isinstance(value, bool):
             raise InvalidRequestError(f"'{name}' must be a boolean", param=name)
+    for name in _COUNT_FIELDS[endpoint]:
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise InvalidRequestError(f"'{name}' must be an integer >= 0", param=name)
     stream = bool(body.get("stream", False))
     include_usage = False
     options = body.get("stream_options")

@@ -56,7 +56,7 @@ _COMMON_FIELDS: dict[str, Any] = {
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
     "max_tokens": {"type": "integer", "minimum": 1},
-    "n": {"type": "integer", "minimum": 1, "maximum": 1},
+    "n": {"type": "integer", "minimum": 1},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
     "top_p": {"type": "number", "minimum": 0, "maximum": 1},
     "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]},
@@ -71,6 +71,8 @@ _CHAT_REQUEST = {
         **_COMMON_FIELDS,
         "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Message"}},
         "max_completion_tokens": {"type": "integer", "minimum": 1},
+        "logprobs": {"type": "boolean"},
+        "top_logprobs": {"type": "integer", "minimum": 0},
     },
 }
 
@@ -87,7 +89,7 @@ _COMPLETION_REQUEST = {
             ]
         },
         "echo": {"type": "boolean"},
-        "logprobs": {"type": "boolean"},
+        "logprobs": {"type": "integer", "minimum": 0},
     },
 }
 

@@ -1,11 +1,15 @@
-"""OpenAI-compatible simulated engine: an aiohttp shell around the pure performance model.
+"""OpenAI-compatible simulated engine: the aiohttp shell around the pure performance model.
 
-One asyncio task (the *driver*) runs the :class:`~fleetgate.simengine.perfmodel.EngineModel`. Model time is
-mapped to real time by ``time_scale`` (real seconds per model second; 0 = as fast as possible): the driver
-sleeps until the model's next event (or at most ``quantum_s`` so long decode runs still stream smoothly),
-advances the model to "now" and hands the emitted tokens to the waiting HTTP handlers. When idle it waits on
-a future that a new request resolves, so an idle engine costs nothing. Faults (``faults.py``) freeze the
-clock (hang), scale it (slow), fail requests (error_rate), stop streams (stall) or end the process (crash).
+The driver (``driver.py``) runs the model against the clock; this module validates requests, decides each
+output up front (``textgen`` filler text, or ``structured`` tool calls and JSON), submits one sequence per
+choice and streams or returns what the driver emits (shapes in ``responses.py``). Faults (``faults.py``)
+freeze the clock (hang), scale it (slow), fail requests (error_rate), stop streams (stall) or end the
+process (crash).
+
+Supported request features: ``n``, a list ``prompt`` (one choice per prompt), ``stop``, ``seed``,
+``logprobs`` (chat: boolean plus ``top_logprobs``; completions: an integer, with ``echo``), ``tools`` /
+``tool_choice`` (a call to one of the tools, streamed as deltas), ``response_format`` (json_object,
+json_schema), ``priority`` and ``ignore_eos``.
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics,
 GET/POST /admin/fault, GET /admin/stats.
@@ -22,7 +26,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,15 +34,19 @@ import orjson
 from aiohttp import web
 
 from fleetgate.core.errors import FleetgateError, InvalidRequestError, NotFoundError
-from fleetgate.core.openai import load_json_body, parse_request
-from fleetgate.core.tokenize import block_hashes
+from fleetgate.core.openai import ParsedRequest, load_json_body, parse_request
+from fleetgate.core.tokenize import block_hashes, count_tokens, token_pieces
+from fleetgate.simengine.driver import EngineDriver, Live
 from fleetgate.simengine.faults import NO_FAULT, Fault, fault_from_json
 from fleetgate.simengine.metrics import EngineMetrics, ServerCounters
-from fleetgate.simengine.perfmodel import EngineModel, EngineRequest, PerfParams, StepResult
-from fleetgate.simengine.textgen import WORDS, PlannedOutput, plan_output, start_index, tokens_text
+from fleetgate.simengine.perfmodel import EngineModel, EngineRequest, PerfParams
+from fleetgate.simengine.responses import ChoicePlan, LogprobSpec, StreamEncoder, full_body, usage
+from fleetgate.simengine.structured import Structured, json_text, parse_structured, pick_tool, tool_call
+from fleetgate.simengine.textgen import PlannedOutput, plan_output, start_index
 
 _JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_MAX_N = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,48 +77,25 @@ class SimEngineConfig:
             raise ValueError("image_tokens must be >= 0")
 
 
-class _Live:
-    """A request on its way through the engine, shared by the driver and its HTTP handler."""
-
-    __slots__ = (
-        "arrival",
-        "cached",
-        "done",
-        "image_tokens",
-        "model_id",
-        "plan",
-        "prompt_tokens",
-        "start",
-        "tokens",
-        "waiter",
-    )
-
-    def __init__(
-        self, model_id: str, plan: PlannedOutput, start: int, prompt_tokens: int, arrival: float
-    ) -> None:
-        self.model_id = model_id
-        self.plan = plan
-        self.start = start
-        self.prompt_tokens = prompt_tokens
-        self.image_tokens = 0
-        self.arrival = arrival
-        self.tokens = 0
-        self.cached = 0
-        self.done = False
-        self.waiter: asyncio.Future[None] | None = None
-
-
 @dataclass(frozen=True, slots=True)
+class _Prompt:
+    """One prompt of a request: its text (what seeds the output), token count and, for ``echo``, tokens."""
+
+    text: str
+    tokens: int
+    echo: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
 class _Prepared:
     model: str
     stream: bool
     include_usage: bool
-    prompt_tokens: int
     image_tokens: int
-    hashes: tuple[int, ...]
-    plan: PlannedOutput
-    start: int
     priority: int
+    choices: list[ChoicePlan]
+    firsts: list[ChoicePlan]  # the first choice of each prompt (its prompt tokens count in usage)
+    logprobs: LogprobSpec | None
 
 
 def _error_response(exc: FleetgateError) -> web.Response:
@@ -118,7 +103,7 @@ def _error_response(exc: FleetgateError) -> web.Response:
 
 
 class SimEngine:
-    """The simulated engine: model, driver task, HTTP routes. Build with a config, then ``await start()``."""
+    """The simulated engine: model, driver, HTTP routes. Build with a config, then ``await start()``."""
 
     def __init__(self, config: SimEngineConfig) -> None:
         self.config = config
@@ -126,20 +111,14 @@ class SimEngine:
         self.names = (config.model, *config.served_model_names)
         self.counters = ServerCounters()
         self.metrics = EngineMetrics(config.model, self.model.stats, self.counters)
+        self.driver = EngineDriver(
+            self.model, self.metrics, time_scale=config.time_scale, quantum_s=config.quantum_s
+        )
         self._rng = random.Random(config.seed)
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid():x}"
-        self._live: dict[str, _Live] = {}
         self._created = int(time.time())
         self._fault = NO_FAULT
-        self._scale = config.time_scale
-        self._hung = False
-        self._vclock = 0.0  # model time reached by the driver (frozen while hung)
-        self._v0 = 0.0  # model time at real time _r0 (when the time scale is > 0)
-        self._r0 = 0.0
-        self._wake_fut: asyncio.Future[None] | None = None
-        self._driver: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._crash_handle: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -165,126 +144,12 @@ class SimEngine:
 
     async def start(self) -> None:
         """Start the driver task (the app's startup hook calls this)."""
-        if self._driver is not None:
-            return
-        self._loop = asyncio.get_running_loop()
-        self._r0 = self._loop.time()
-        self._driver = asyncio.create_task(self._drive(), name="simengine-driver")
+        await self.driver.start()
         if self.config.fault.kind != "none":
             self.set_fault(self.config.fault)
 
     async def stop(self) -> None:
-        if self._driver is not None:
-            self._driver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._driver
-            self._driver = None
-
-    # ------------------------------------------------------------------ clock
-    def _vnow(self) -> float:
-        """Current model time."""
-        if self._hung or self._scale == 0 or self._loop is None:
-            return self._vclock
-        return self._v0 + (self._loop.time() - self._r0) / self._scale
-
-    def _rebase(self, *, scale: float | None = None, hung: bool | None = None) -> None:
-        """Change the clock mapping without a jump in model time."""
-        v = self._vnow()
-        self._vclock = v
-        self._v0 = v
-        self._r0 = self._loop.time() if self._loop is not None else 0.0
-        if scale is not None:
-            self._scale = scale
-        if hung is not None:
-            self._hung = hung
-        self._wake()
-
-    def _wake(self) -> None:
-        fut = self._wake_fut
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-    async def _sleep(self, delay: float | None) -> None:
-        """Sleep up to ``delay`` seconds (forever when None) or until ``_wake``."""
-        assert self._loop is not None
-        fut: asyncio.Future[None] = self._loop.create_future()
-        self._wake_fut = fut
-        handle = self._loop.call_later(delay, _resolve, fut) if delay is not None else None
-        try:
-            await fut
-        finally:
-            if handle is not None:
-                handle.cancel()
-            self._wake_fut = None
-
-    # ------------------------------------------------------------------ driver
-    async def _drive(self) -> None:
-        assert self._loop is not None
-        loop = self._loop
-        model = self.model
-        while True:
-            if self._hung:
-                await self._sleep(None)
-                continue
-            t_next = model.next_event_time()
-            if t_next is None:
-                await self._sleep(None)
-                continue
-            scale = self._scale
-            if scale == 0:
-                res = model.advance(t_next)
-                self._vclock = t_next
-                self._publish(res)
-                await asyncio.sleep(0)
-                continue
-            due = self._r0 + (t_next - self._v0) * scale
-            now = loop.time()
-            if due > now:
-                await self._sleep(min(due - now, self.config.quantum_s))
-                if self._hung or self._scale != scale:
-                    continue
-                now = loop.time()
-            v = self._v0 + (now - self._r0) / scale
-            if now >= due:
-                v = max(v, t_next)
-            res = model.advance(v)
-            self._vclock = v
-            if res.emitted or res.finished:
-                self._publish(res)
-
-    def _publish(self, res: StepResult) -> None:
-        live_map = self._live
-        for rid, cached in res.cached_tokens.items():
-            live = live_map.get(rid)
-            if live is not None:
-                live.cached = cached
-        ttft = self.metrics.ttft
-        now = self._loop.time() if self._loop is not None else 0.0
-        for rid, n in res.emitted.items():
-            live = live_map.get(rid)
-            if live is not None:
-                if live.tokens == 0:
-                    ttft.observe(now - live.arrival)
-                live.tokens += n
-                waiter = live.waiter
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(None)
-        for rid in res.finished:
-            live = live_map.get(rid)
-            if live is not None:
-                live.done = True
-                waiter = live.waiter
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(None)
-
-    async def _wait(self, live: _Live) -> None:
-        assert self._loop is not None
-        fut: asyncio.Future[None] = self._loop.create_future()
-        live.waiter = fut
-        try:
-            await fut
-        finally:
-            live.waiter = None
+        await self.driver.stop()
 
     # ------------------------------------------------------------------ faults
     @property
@@ -299,17 +164,13 @@ class SimEngine:
         scale = base
         if fault.kind == "slow":
             scale = (base if base > 0 else 1.0) * (fault.value or 1.0)
-        self._rebase(scale=scale, hung=fault.kind == "hang")
+        self.driver.set_clock(scale=scale, hung=fault.kind == "hang")
         if self._crash_handle is not None:
             self._crash_handle.cancel()
             self._crash_handle = None
-        if fault.kind == "crash" and self._loop is not None:
-            self._crash_handle = self._loop.call_later(max(fault.value or 0.0, 0.02), _crash)
-        # Streams stalled by a previous "stall" resume when it is cleared.
-        for live in self._live.values():
-            waiter = live.waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+        loop = self.driver.loop
+        if fault.kind == "crash" and loop is not None:
+            self._crash_handle = loop.call_later(max(fault.value or 0.0, 0.02), _crash)
 
     # ------------------------------------------------------------------ handlers
     async def _health(self, _request: web.Request) -> web.Response:
@@ -349,7 +210,7 @@ class SimEngine:
         body = {
             "model": self.config.model,
             "fault": self._fault.to_dict(),
-            "time_scale": self._scale,
+            "time_scale": self.driver.scale,
             "engine": {
                 "num_running": s.num_running,
                 "num_waiting": s.num_waiting,
@@ -366,7 +227,7 @@ class SimEngine:
                 "requests_received": self.counters.requests_received,
                 "requests_cancelled": self.counters.requests_cancelled,
                 "errors_injected": self.counters.errors_injected,
-                "in_flight": len(self._live),
+                "in_flight": len(self.driver.live),
                 "finished": dict(self.counters.finished),
             },
         }
@@ -379,14 +240,12 @@ class SimEngine:
         return await self._complete(request, "completions")
 
     # ------------------------------------------------------------------ completion path
-    def _prepare(self, body: dict[str, Any], endpoint: str) -> _Prepared:
-        """Validate a request and decide its output up front."""
+    def _prepare(self, body: dict[str, Any], endpoint: str, seq: int) -> _Prepared:
+        """Validate a request and decide every choice's output up front."""
         parsed = parse_request(body, "chat" if endpoint == "chat" else "completions")
         if parsed.model not in self.names:
             raise NotFoundError(f"The model `{parsed.model}` does not exist.", param="model")
-        n = body.get("n")
-        if n is not None and n != 1:
-            raise InvalidRequestError("Only n=1 is supported by this engine.", param="n")
+        n = body.get("n") or 1
         priority = body.get("priority", 0)
         if priority is None:
             priority = 0
@@ -395,10 +254,59 @@ class SimEngine:
         ignore_eos = body.get("ignore_eos", False)
         if ignore_eos is not None and not isinstance(ignore_eos, bool):
             raise InvalidRequestError("'ignore_eos' must be a boolean", param="ignore_eos")
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise InvalidRequestError("'seed' must be an integer", param="seed")
         stop = _stop_list(body.get("stop"))
-        params = self.config.params
+        structured = parse_structured(body)
         image_tokens = parsed.image_parts * self.config.image_tokens
-        prompt_tokens = max(1, parsed.input_tokens) + image_tokens
+        if endpoint == "chat":
+            prompts = [_Prompt(parsed.prompt_text, max(1, parsed.input_tokens) + image_tokens)]
+        else:
+            prompts = _prompts(body.get("prompt"), echo=bool(body.get("echo")))
+        if len(prompts) * n > _MAX_N:
+            raise InvalidRequestError(f"At most {_MAX_N} choices per request (prompts x n).", param="n")
+        params = self.config.params
+        choices: list[ChoicePlan] = []
+        firsts: list[ChoicePlan] = []
+        for p_index, prompt in enumerate(prompts):
+            max_tokens = self._max_tokens(parsed, prompt.tokens, endpoint)
+            hashes = block_hashes(prompt.text, params.block_tokens)
+            for j in range(n):
+                salt_text = prompt.text if seed is None and j == 0 else f"{prompt.text}\x00{seed}\x00{j}"
+                start = start_index(salt_text)
+                rng = self._rng if seed is None else random.Random(seed * 1_000_003 + j)
+                eos_at = None
+                p = self.config.eos_probability
+                if p > 0 and not ignore_eos:
+                    # Geometric number of tokens before a sampled EOS (seeded: reproducible per process).
+                    eos_at = 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
+                choice = ChoicePlan(
+                    index=p_index * n + j,
+                    start=start,
+                    plan=plan_output(start, max_tokens, stop, eos_at),
+                    prompt_tokens=prompt.tokens,
+                    hashes=hashes,
+                    echo=prompt.echo,
+                )
+                if endpoint == "chat" or structured.json_schema is not None or structured.json_object:
+                    self._structure(choice, structured, body, max_tokens, f"call_{self._prefix}x{seq}x{j}")
+                choices.append(choice)
+                if j == 0:
+                    firsts.append(choice)
+        return _Prepared(
+            model=parsed.model,
+            stream=parsed.stream,
+            include_usage=parsed.include_usage,
+            image_tokens=image_tokens,
+            priority=priority,
+            choices=choices,
+            firsts=firsts,
+            logprobs=_logprob_spec(body, endpoint),
+        )
+
+    def _max_tokens(self, parsed: ParsedRequest, prompt_tokens: int, endpoint: str) -> int:
+        params = self.config.params
         room = params.max_model_len - prompt_tokens
         if room < 1:
             raise InvalidRequestError(
@@ -422,31 +330,33 @@ class SimEngine:
                 f"{params.kv_capacity_tokens}.",
                 param="max_tokens",
             )
-        eos_at: int | None = None
-        p = self.config.eos_probability
-        if p > 0 and not ignore_eos:
-            # Geometric number of tokens before a sampled EOS (seeded: reproducible per process).
-            eos_at = 1 + int(math.log(1.0 - self._rng.random()) / math.log(1.0 - p))
-        start = start_index(parsed.prompt_text)
-        plan = plan_output(start, max_tokens, stop, eos_at)
-        hashes = block_hashes(parsed.prompt_text, params.block_tokens)
-        return _Prepared(
-            parsed.model,
-            parsed.stream,
-            parsed.include_usage,
-            prompt_tokens,
-            image_tokens,
-            hashes,
-            plan,
-            start,
-            priority,
-        )
+        return max_tokens
+
+    def _structure(
+        self, choice: ChoicePlan, spec: Structured, body: Mapping[str, Any], max_tokens: int, call_id: str
+    ) -> None:
+        """Turn ``choice`` into a tool call or a JSON answer when the request asks for one."""
+        messages = body.get("messages") or []
+        tool = pick_tool(spec, messages)
+        text: str | None
+        if tool is not None:
+            choice.tool = tool_call(tool, choice.start, call_id)
+            text = choice.tool.arguments
+        else:
+            text = json_text(spec, choice.start)
+        if text is None:
+            return
+        pieces = tuple(token_pieces(text))
+        tokens = min(len(pieces), max_tokens)
+        choice.pieces = pieces
+        choice.plan = PlannedOutput(max(1, tokens), "length" if tokens < len(pieces) else "stop")
 
     async def _complete(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        assert self._loop is not None
-        arrival = self._loop.time()
+        driver = self.driver
+        arrival = driver.now()
+        seq = next(self._ids)
         try:
-            prep = self._prepare(load_json_body(await request.read()), endpoint)
+            prep = self._prepare(load_json_body(await request.read()), endpoint, seq)
         except FleetgateError as exc:
             return _error_response(exc)
         self.counters.requests_received += 1
@@ -456,161 +366,119 @@ class SimEngine:
             self.counters.finished["error"] += 1
             err = FleetgateError("Simulated engine failure (fault injection: error_rate).")
             return _error_response(err)
-        seq = next(self._ids)
-        model_id = str(seq)
-        plan = prep.plan
-        live = _Live(model_id, plan, prep.start, prep.prompt_tokens, arrival)
-        live.image_tokens = prep.image_tokens
-        self._live[model_id] = live
-        self.model.submit(
-            EngineRequest(model_id, prep.prompt_tokens, plan.tokens, prep.hashes, prep.priority), self._vnow()
-        )
-        self._wake()
+        lives: list[Live] = []
+        for k, choice in enumerate(prep.choices):
+            model_id = f"{seq}" if k == 0 else f"{seq}.{k}"
+            live = Live(model_id, arrival)
+            choice.live = live
+            choice.chars_left = choice.plan.text_chars if choice.plan.text_chars is not None else -1
+            lives.append(live)
+            tokens = choice.plan.tokens
+            driver.submit(
+                live, EngineRequest(model_id, choice.prompt_tokens, tokens, choice.hashes, prep.priority)
+            )
         kind = "chatcmpl" if endpoint == "chat" else "cmpl"
         rid = f"{kind}-{self._prefix}-{seq}"
+        created = int(time.time())
         finished = False
         try:
             if prep.stream:
-                resp = await self._stream(request, live, endpoint, rid, prep.model, prep.include_usage)
+                encoder = StreamEncoder(endpoint, rid, created, prep.model, prep.logprobs)
+                resp = await self._stream(request, prep, encoder)
             else:
-                while not live.done:
-                    await self._wait(live)
-                resp = self._full_response(live, endpoint, rid, prep.model)
+                while not all(live.done for live in lives):
+                    await driver.wait(lives)
+                use = usage(prep.choices, prep.firsts, prep.image_tokens)
+                body = full_body(endpoint, rid, created, prep.model, prep.choices, use, prep.logprobs)
+                resp = web.Response(body=orjson.dumps(body), content_type=_JSON)
             finished = True
             return resp
         except ConnectionError:
             return web.Response(status=499)  # the client is gone; nobody reads this
         finally:
-            del self._live[model_id]
-            now = self._loop.time()
-            if finished and live.done:
-                self.counters.finished[plan.finish_reason] += 1
-                self.metrics.e2e.observe(now - arrival)
+            done = all(live.done for live in lives)
+            for live in lives:
+                driver.release(live)
+            if finished and done:
+                self.counters.finished[prep.choices[0].plan.finish_reason] += 1
+                self.metrics.e2e.observe(driver.now() - arrival)
             else:
                 self.counters.requests_cancelled += 1
                 self.counters.finished["abort"] += 1
-                self.model.cancel(model_id, self._vnow())
-                self._wake()
-
-    def _usage(self, live: _Live) -> dict[str, Any]:
-        completion = live.plan.tokens
-        details: dict[str, int] = {"cached_tokens": live.cached}
-        if live.image_tokens:
-            details["image_tokens"] = live.image_tokens  # read by core.openai.usage_from_mapping
-        return {
-            "prompt_tokens": live.prompt_tokens,
-            "total_tokens": live.prompt_tokens + completion,
-            "completion_tokens": completion,
-            "prompt_tokens_details": details,
-        }
-
-    def _full_response(self, live: _Live, endpoint: str, rid: str, model: str) -> web.Response:
-        text = tokens_text(live.start, 0, live.plan.tokens)
-        if live.plan.text_chars is not None:
-            text = text[: live.plan.text_chars]
-        created = int(time.time())
-        choice: dict[str, Any]
-        if endpoint == "chat":
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": []},
-                "logprobs": None,
-                "finish_reason": live.plan.finish_reason,
-                "stop_reason": None,
-            }
-            obj = "chat.completion"
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": live.plan.finish_reason,
-                "stop_reason": None,
-            }
-            obj = "text_completion"
-        body = {
-            "id": rid,
-            "object": obj,
-            "created": created,
-            "model": model,
-            "choices": [choice],
-            "usage": self._usage(live),
-        }
-        return web.Response(body=orjson.dumps(body), content_type=_JSON)
 
     async def _stream(
-        self, request: web.Request, live: _Live, endpoint: str, rid: str, model: str, include_usage: bool
+        self, request: web.Request, prep: _Prepared, encoder: StreamEncoder
     ) -> web.StreamResponse:
-        created = int(time.time())
-        head = orjson.dumps({"id": rid, "created": created, "model": model})[:-1]  # '{"id":..,"model":".."'
-        if endpoint == "chat":
-            prefix = (
-                b"data: "
-                + head
-                + b',"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":'
-            )
-            suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
-        else:
-            prefix = b"data: " + head + b',"object":"text_completion","choices":[{"index":0,"text":'
-            suffix = b',"logprobs":null,"finish_reason":null}]}\n\n'
-        plan = live.plan
-        char_budget = plan.text_chars if plan.text_chars is not None else -1
+        choices = prep.choices
+        lives = [c.live for c in choices if c.live is not None]
         resp: web.StreamResponse | None = None
         out = bytearray()  # bytes to send with the next write (one write per wake-up)
-        sent = 0  # tokens sent
-        chunks = 0
-        n_words = len(WORDS)
+        chunks = 0  # token chunks sent (a stall fault stops after that many)
         while True:
             fault = self._fault
             stall_at = int(fault.value or 0) if fault.kind == "stall" else -1
-            if live.tokens > sent and not (0 <= stall_at <= chunks):
+            if any(c.live.tokens > c.sent for c in choices if c.live) and not (0 <= stall_at <= chunks):
                 if resp is None:
                     resp = web.StreamResponse(headers=_SSE_HEADERS)
                     await resp.prepare(request)
-                    if endpoint == "chat":
-                        role = {"role": "assistant", "content": ""}
-                        first = {"index": 0, "delta": role, "logprobs": None, "finish_reason": None}
-                        obj = {
-                            "id": rid,
-                            "object": "chat.completion.chunk",
-                            "created": created,
-                            "model": model,
-                        }
-                        out += b"data: " + orjson.dumps({**obj, "choices": [first]}) + b"\n\n"
-                upto = live.tokens if stall_at < 0 else min(live.tokens, sent + stall_at - chunks)
-                for i in range(sent, upto):
-                    text = WORDS[(live.start + i) % n_words]
-                    if char_budget >= 0:
-                        text = text[:char_budget]
-                        char_budget -= len(text)
-                        if not text:
-                            continue
-                    out += prefix + orjson.dumps(text) + suffix
-                    chunks += 1
-                sent = upto
-            if live.done and sent >= plan.tokens and stall_at < 0:
+                    for c in choices:
+                        out += encoder.opening(c)
+                for c in choices:
+                    assert c.live is not None
+                    upto = c.live.tokens if stall_at < 0 else min(c.live.tokens, c.sent + stall_at - chunks)
+                    for i in range(c.sent, upto):
+                        text = c.token(i)
+                        if c.chars_left >= 0:
+                            text = text[: c.chars_left]
+                            c.chars_left -= len(text)
+                            if not text:
+                                continue
+                        out += encoder.token(c, i, text)
+                        chunks += 1
+                    c.sent = max(c.sent, upto)
+            if stall_at < 0 and all(c.live.done and c.sent >= c.plan.tokens for c in choices if c.live):
                 break
             # At time scale 0 the whole answer is ready at once: one write, unless a stall holds it back.
-            if out and resp is not None and (self._scale > 0 or stall_at >= 0):
+            if out and resp is not None and (self.driver.scale > 0 or stall_at >= 0):
                 await resp.write(bytes(out))
                 out.clear()
-            await self._wait(live)  # also woken when the fault changes (a cleared stall resumes)
+            await self.driver.wait(lives)  # also woken when the fault changes (a cleared stall resumes)
         assert resp is not None
-        if endpoint == "chat":
-            final_choice: dict[str, Any] = {"index": 0, "delta": {}, "logprobs": None}
-            obj_name = "chat.completion.chunk"
-        else:
-            final_choice = {"index": 0, "text": "", "logprobs": None}
-            obj_name = "text_completion"
-        final_choice["finish_reason"] = plan.finish_reason
-        final_choice["stop_reason"] = None
-        base = {"id": rid, "object": obj_name, "created": created, "model": model}
-        out += b"data: " + orjson.dumps({**base, "choices": [final_choice]}) + b"\n\n"
-        if include_usage:
-            out += b"data: " + orjson.dumps({**base, "choices": [], "usage": self._usage(live)}) + b"\n\n"
+        for c in choices:
+            out += encoder.closing(c)
+        if prep.include_usage:
+            out += encoder.usage(usage(choices, prep.firsts, prep.image_tokens))
         out += b"data: [DONE]\n\n"
         await resp.write_eof(bytes(out))
         return resp
+
+
+def _logprob_spec(body: Mapping[str, Any], endpoint: str) -> LogprobSpec | None:
+    """Chat: ``logprobs: true`` plus ``top_logprobs``; completions: ``logprobs: k`` (validated upstream)."""
+    value = body.get("logprobs")
+    if endpoint == "chat":
+        return LogprobSpec(int(body.get("top_logprobs") or 0)) if value is True else None
+    return LogprobSpec(int(value)) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _prompts(prompt: Any, *, echo: bool) -> list[_Prompt]:
+    """The prompts of a completions request (a list of strings or of token-id lists: one per entry)."""
+    if isinstance(prompt, str):
+        items: list[Any] = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        items = [prompt]
+    else:
+        items = list(prompt)  # parse_request checked the shape
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            pieces = token_pieces(item) if echo else []
+            out.append(_Prompt(item, max(1, count_tokens(item)), tuple(pieces)))
+        else:
+            ids = [str(t) for t in item]
+            pieces = [ids[0], *(" " + t for t in ids[1:])] if echo and ids else []
+            out.append(_Prompt(" ".join(ids), max(1, len(ids)), tuple(pieces)))
+    return out
 
 
 @web.middleware
@@ -632,11 +500,6 @@ async def _json_errors(
     except Exception as exc:
         sys.stderr.write(f"simulated engine: unexpected error: {exc!r}\n")
         return _error_response(FleetgateError(f"internal error: {exc}"))
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 def _crash() -> None:

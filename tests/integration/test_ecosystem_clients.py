@@ -1,0 +1,218 @@
+"""The clients and tools users bring, end to end through ``fleetgate serve`` in front of the simulated engine.
+
+Real clients where they exist (openai SDK, LangChain, litellm); lm-evaluation-harness is not installed (it
+pulls torch and datasets): its completion request and response parsing are reproduced from lm-eval 0.4.13
+(``lm_eval/models/openai_completions.py``), as said at that test.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any, Literal
+
+import httpx
+import openai
+import pytest
+import yaml
+from pydantic import BaseModel
+
+MODEL = "sim-eco"
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Local time in a timezone",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]},
+    },
+}
+
+
+class Step(BaseModel):
+    explanation: str
+    output: str
+
+
+class MathAnswer(BaseModel):
+    steps: list[Step]
+    final_answer: str
+    confidence: float
+    kind: Literal["exact", "approximate"]
+
+
+@pytest.fixture(scope="module")
+def gateway(tools: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One simulated engine behind one gateway for the whole module; yields the gateway URL."""
+    py = tools.PY
+    engine = tools.ServerProcess(
+        [py, "-m", "fleetgate.cli", "engine", "sim", "--port", "0", "--model", MODEL, "--time-scale", "0.01"],
+        name="engine",
+    )
+    gw = None
+    try:
+        engine.wait_ready()
+        cfg = {
+            "gateway": {"host": "127.0.0.1", "port": 0},
+            "deployments": [{"model": MODEL, "replicas": [{"name": "r0", "url": engine.url}]}],
+        }
+        path = tmp_path_factory.mktemp("eco") / "gateway.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        gw = tools.ServerProcess([py, "-m", "fleetgate.cli", "serve", "--config", str(path)], name="gateway")
+        yield gw.wait_ready()
+    finally:
+        if gw is not None:
+            gw.kill()
+        engine.kill()
+
+
+@pytest.fixture(scope="module")
+def client(gateway: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+# -- item 1: completions logprobs -------------------------------------------------------------------------
+
+
+def test_completions_integer_logprobs_with_openai_sdk(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=MODEL, prompt="The river runs", max_tokens=5, logprobs=2)
+    lp = out.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+    assert len(lp.tokens) == 5 == len(lp.token_logprobs)
+    assert "".join(lp.tokens) == out.choices[0].text
+    assert lp.top_logprobs is not None and all(len(top) == 2 for top in lp.top_logprobs)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=1, logprobs=True)  # type: ignore[arg-type]
+    assert "logprobs" in str(info.value)
+
+
+def test_lm_eval_harness_loglikelihood_request(gateway: str) -> None:
+    """lm-eval's ``local-completions`` loglikelihood request, reproduced (lm-eval itself is not installed):
+    ``_create_payload(generate=False)`` and ``parse_logprobs`` of lm-eval 0.4.13, on token-id prompts
+    (``tokenized_requests=True``, its default), two requests in one batch."""
+    contexts = [[11, 22, 33, 44], [5, 6, 7]]
+    continuations = [[55, 66], [8]]
+    payload = {
+        "model": MODEL,
+        "prompt": [c + k for c, k in zip(contexts, continuations, strict=True)],
+        "temperature": 0,
+        "max_tokens": 1,
+        "logprobs": 1,
+        "seed": 1234,
+        "echo": True,
+    }
+    resp = httpx.post(gateway + "/v1/completions", json=payload, timeout=30)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    assert len(out["choices"]) == 2
+    ordered = sorted(out["choices"], key=lambda c: c["index"])
+    for choice, ctx, cont in zip(ordered, contexts, continuations, strict=True):
+        ctxlen = len(ctx)
+        token_logprobs = choice["logprobs"]["token_logprobs"]
+        assert len(token_logprobs) == ctxlen + len(cont) + 1  # echoed prompt + the one generated token
+        logprobs = token_logprobs[ctxlen:-1]
+        top = choice["logprobs"]["top_logprobs"][ctxlen:-1]
+        assert len(logprobs) == len(cont) and sum(logprobs) < 0
+        assert all(tok == max(t.values()) for tok, t in zip(logprobs, top, strict=True))  # is_greedy
+    assert out["usage"]["prompt_tokens"] == sum(
+        len(c) + len(k) for c, k in zip(contexts, continuations, strict=True)
+    )
+
+
+# -- item 7: what SDK demos need ---------------------------------------------------------------------------
+
+
+def test_chat_completions_parse_with_openai_sdk(client: openai.OpenAI) -> None:
+    done = client.chat.completions.parse(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Solve 8x + 7 = -23 step by step."}],
+        response_format=MathAnswer,
+        max_tokens=500,
+    )
+    parsed = done.choices[0].message.parsed
+    assert isinstance(parsed, MathAnswer) and parsed.steps and parsed.kind in ("exact", "approximate")
+    plain = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "answer in JSON"}],
+        response_format={"type": "json_object"},
+        max_tokens=100,
+    )
+    assert isinstance(json.loads(plain.choices[0].message.content or ""), dict)
+
+
+def test_tool_call_streamed_as_deltas(client: openai.OpenAI) -> None:
+    messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[TIME_TOOL, WEATHER_TOOL], stream=True, max_tokens=200
+    )
+    name, args, pieces, finish = "", "", 0, None
+    for chunk in stream:
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or []:
+                assert call.function is not None
+                name += call.function.name or ""
+                if call.function.arguments:
+                    args += call.function.arguments
+                    pieces += 1
+            finish = choice.finish_reason or finish
+    assert name == "get_weather" and finish == "tool_calls" and pieces > 3  # several argument deltas
+    assert set(json.loads(args)) == {"city", "unit"}
+    full = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL], max_tokens=200
+    )
+    call = full.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert call.function.arguments == args  # type: ignore[union-attr]
+    # After the tool's answer, ``auto`` replies in text (agent loops end).
+    messages += [
+        {"role": "assistant", "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+    ]
+    final = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL], max_tokens=8)
+    assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+    assert final.choices[0].finish_reason == "length"
+
+
+def test_n_logprobs_seed_and_list_prompt(client: openai.OpenAI) -> None:
+    msgs: list[Any] = [{"role": "user", "content": "Tell me a story."}]
+    out = client.chat.completions.create(
+        model=MODEL, messages=msgs, n=3, max_tokens=6, logprobs=True, top_logprobs=3, seed=7
+    )
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert len({c.message.content for c in out.choices}) == 3  # different samples
+    assert out.usage is not None and out.usage.completion_tokens == 18
+    for c in out.choices:
+        assert c.logprobs is not None and c.logprobs.content is not None and len(c.logprobs.content) == 6
+        assert all(
+            len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token for e in c.logprobs.content
+        )
+    again = client.chat.completions.create(model=MODEL, messages=msgs, n=3, max_tokens=6, seed=7)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in out.choices]
+    other = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, seed=8)
+    assert other.choices[0].message.content != out.choices[0].message.content
+    # n > 1, streamed: every choice's chunks carry its index.
+    texts = ["", ""]
+    for chunk in client.chat.completions.create(model=MODEL, messages=msgs, n=2, max_tokens=4, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert all(texts) and texts[0] != texts[1]
+    # One choice per prompt of a list prompt.
+    many = client.completions.create(model=MODEL, prompt=["a b c", "d e f", "g h i"], max_tokens=3)
+    assert sorted(c.index for c in many.choices) == [0, 1, 2]
+    assert many.usage is not None and many.usage.completion_tokens == 9
