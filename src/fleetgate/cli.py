@@ -29,6 +29,24 @@ app.add_typer(bench_app, name="bench", help="Load generation and trace replay ag
 app.add_typer(health_app, name="health", help="Health prober: sidecar /livez and one-shot probes.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from fleetgate import __version__
+
+        typer.echo(f"fleetgate {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """A platform layer that makes LLM inference reliable at scale for many tenants."""
+
+
 def _load(config: Path | None):  # type: ignore[no-untyped-def]
     from fleetgate.config import ConfigError, load_config
 

@@ -113,6 +113,15 @@ class GatewayConfig(_Strict):
     )
     scrape_interval_s: float = Field(default=1.0, gt=0, description="Engine /metrics scrape period.")
     scrape_timeout_s: float = Field(default=1.0, gt=0, description="Timeout of one /metrics scrape.")
+    cors_allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins allowed to call the gateway (CORS), e.g. "
+        "['https://playground.example']; '*' allows any. Empty: no CORS headers.",
+    )
+    models_require_key: bool = Field(
+        default=True,
+        description="GET /v1/models and /v1/models/{model} need a valid API key when tenants are configured.",
+    )
     health_checks: bool = Field(
         default=True,
         description="Black-box probes and hang detection of the replicas (fleetgate.health): hung or "

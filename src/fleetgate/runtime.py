@@ -110,7 +110,13 @@ def build_gateway(
         images=images,
     )
     app = create_app(
-        proxy=proxy, fleet=fleet, metrics=metrics, max_body_bytes=gw.max_body_bytes, created=int(wall_clock())
+        proxy=proxy,
+        fleet=fleet,
+        metrics=metrics,
+        max_body_bytes=gw.max_body_bytes,
+        created=int(wall_clock()),
+        models_require_key=gw.models_require_key,
+        cors_allowed_origins=gw.cors_allowed_origins,
     )
     if images is not None:
         attach_images(app, images, prestart=cfg.multimodal.prestart, registry=metrics.registry)

@@ -19,6 +19,9 @@ import yaml
 from pydantic import BaseModel
 
 MODEL = "sim-eco"
+KEY = "sk-eco-test-key"
+ORIGIN = "https://playground.example"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 WEATHER_TOOL = {
     "type": "function",
@@ -70,8 +73,16 @@ def gateway(tools: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         engine.wait_ready()
         cfg = {
-            "gateway": {"host": "127.0.0.1", "port": 0},
-            "deployments": [{"model": MODEL, "replicas": [{"name": "r0", "url": engine.url}]}],
+            "gateway": {"host": "127.0.0.1", "port": 0, "cors_allowed_origins": [ORIGIN]},
+            "deployments": [
+                {
+                    "model": MODEL,
+                    "replicas": [{"name": "r0", "url": engine.url}],
+                    "capacity_mu_per_min": 1_000_000,
+                }
+            ],
+            "tenants": [{"name": "eco", "api_keys": [KEY], "reserved_mu_per_min": {MODEL: 100_000}}],
+            "admission": {"burst_s": 10},
         }
         path = tmp_path_factory.mktemp("eco") / "gateway.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -85,7 +96,7 @@ def gateway(tools: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 @pytest.fixture(scope="module")
 def client(gateway: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0, timeout=30)
+    return openai.OpenAI(base_url=gateway + "/v1", api_key=KEY, max_retries=0, timeout=30)
 
 
 # -- item 1: completions logprobs -------------------------------------------------------------------------
@@ -118,7 +129,7 @@ def test_lm_eval_harness_loglikelihood_request(gateway: str) -> None:
         "seed": 1234,
         "echo": True,
     }
-    resp = httpx.post(gateway + "/v1/completions", json=payload, timeout=30)
+    resp = httpx.post(gateway + "/v1/completions", json=payload, headers=AUTH, timeout=30)
     assert resp.status_code == 200, resp.text
     out = resp.json()
     assert len(out["choices"]) == 2
@@ -216,3 +227,83 @@ def test_n_logprobs_seed_and_list_prompt(client: openai.OpenAI) -> None:
     many = client.completions.create(model=MODEL, prompt=["a b c", "d e f", "g h i"], max_tokens=3)
     assert sorted(c.index for c in many.choices) == [0, 1, 2]
     assert many.usage is not None and many.usage.completion_tokens == 9
+
+
+# -- item 2: /health, /v1/models/{model}, /version ----------------------------------------------------------
+
+
+def test_models_retrieve_version_and_health(client: openai.OpenAI, gateway: str) -> None:
+    model = client.models.retrieve(MODEL)
+    assert model.id == MODEL and model.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+    assert [m.id for m in client.models.list()] == [MODEL]
+    version = httpx.get(gateway + "/version", timeout=5).json()
+    assert version["version"] and version["name"] == "fleetgate"
+
+
+def test_guidellm_backend_check(gateway: str) -> None:
+    """guidellm 0.8.1's ``OpenAIHTTPBackend.validate()``, reproduced: guidellm pulls torch and CUDA wheels,
+    so it is not installed in the test environment (docs/benchmarking.md runs the real one). It sends
+    ``GET {target}/health`` with the bearer key (when one is given) and calls ``raise_for_status()``;
+    then lists ``/v1/models`` to pick the default model."""
+    with httpx.Client(follow_redirects=True, verify=False, timeout=10) as http:
+        http.request(method="GET", url=f"{gateway}/health", headers=AUTH).raise_for_status()
+        http.request(method="GET", url=f"{gateway}/health").raise_for_status()  # no key: still healthy
+        models = http.get(f"{gateway}/v1/models", headers=AUTH)
+        models.raise_for_status()
+        assert models.json()["data"][0]["id"] == MODEL
+
+
+# -- item 6: HTTP details ---------------------------------------------------------------------------------
+
+
+def test_models_need_a_key_when_tenants_are_configured(gateway: str) -> None:
+    for path in ("/v1/models", f"/v1/models/{MODEL}"):
+        resp = httpx.get(gateway + path, timeout=5)
+        assert resp.status_code == 401 and resp.json()["error"]["type"] == "authentication_error"
+        assert httpx.get(gateway + path, headers=AUTH, timeout=5).status_code == 200
+
+
+def test_method_not_allowed_carries_allow(gateway: str) -> None:
+    resp = httpx.get(gateway + "/v1/chat/completions", timeout=5)
+    assert resp.status_code == 405 and resp.headers["Allow"] == "POST"
+    assert resp.json()["error"]["code"] == "method_not_allowed"
+    resp = httpx.delete(gateway + "/v1/models", timeout=5)
+    assert resp.status_code == 405 and "GET" in resp.headers["Allow"]
+
+
+def test_cors_preflight_and_stream_headers(gateway: str) -> None:
+    pre = httpx.options(
+        gateway + "/v1/chat/completions",
+        headers={
+            "Origin": ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+        timeout=5,
+    )
+    assert pre.status_code == 204
+    assert pre.headers["Access-Control-Allow-Origin"] == ORIGIN
+    assert "POST" in pre.headers["Access-Control-Allow-Methods"]
+    assert pre.headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+    with httpx.stream(
+        "POST", gateway + "/v1/chat/completions", json=body, headers={**AUTH, "Origin": ORIGIN}, timeout=10
+    ) as resp:
+        assert resp.status_code == 200 and resp.headers["Access-Control-Allow-Origin"] == ORIGIN
+        assert "x-request-id" in resp.headers["Access-Control-Expose-Headers"]
+        assert b"[DONE]" in resp.read()
+    other = httpx.get(gateway + "/health", headers={"Origin": "https://evil.example"}, timeout=5)
+    assert "Access-Control-Allow-Origin" not in other.headers
+
+
+def test_metrics_without_created_and_openmetrics(client: openai.OpenAI, gateway: str) -> None:
+    client.completions.create(model=MODEL, prompt="count me", max_tokens=2)
+    text = httpx.get(gateway + "/metrics", timeout=5)
+    assert text.headers["Content-Type"].startswith("text/plain")
+    assert "fleetgate_requests_total" in text.text and "_created" not in text.text
+    om = httpx.get(gateway + "/metrics", headers={"Accept": "application/openmetrics-text"}, timeout=5)
+    assert om.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert om.text.rstrip().endswith("# EOF") and "_created" not in om.text
+    assert "fleetgate_requests_total" in om.text

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from fleetgate.core.errors import ServiceUnavailableError
+from fleetgate.gateway.cors import add_cors
 from fleetgate.gateway.errors import (
     draining_error,
     error_middleware,
     error_response,
 )
+from fleetgate.gateway.exposition import render_metrics
 from fleetgate.gateway.fleet import Fleet
+from fleetgate.gateway.info import add_info_routes
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.openapi import add_openapi_route
 from fleetgate.gateway.proxy import Proxy
@@ -28,18 +29,12 @@ def create_app(
     max_body_bytes: int,
     created: int,
     ready: Callable[[], bool] = lambda: True,
+    models_require_key: bool = True,
+    cors_allowed_origins: Sequence[str] = (),
 ) -> web.Application:
     """The gateway app. ``ready`` says whether the process accepts traffic (False while draining)."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
-
-    async def models(request: web.Request) -> web.Response:
-        data = [
-            {"id": model, "object": "model", "created": created, "owned_by": "fleetgate"}
-            for model in fleet.deployments
-        ]
-        return web.Response(
-            body=orjson.dumps({"object": "list", "data": data}), content_type="application/json"
-        )
+    add_cors(app, cors_allowed_origins)
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(body=b'{"status":"ok"}', content_type="application/json")
@@ -54,8 +49,9 @@ def create_app(
         return web.Response(body=b'{"status":"ready"}', content_type="application/json")
 
     async def prometheus(request: web.Request) -> web.Response:
-        resp = web.Response(body=generate_latest(metrics.registry))
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        body, content_type = render_metrics(metrics.registry, request.headers.get("Accept"))
+        resp = web.Response(body=body)
+        resp.headers["Content-Type"] = content_type
         return resp
 
     async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
@@ -67,7 +63,14 @@ def create_app(
     app.on_response_prepare.append(close_when_draining)
     app.router.add_post("/v1/chat/completions", proxy.chat)
     app.router.add_post("/v1/completions", proxy.completions)
-    app.router.add_get("/v1/models", models)
+    add_info_routes(  # /v1/models, /v1/models/{model}, /health, /version
+        app,
+        models=lambda: fleet.deployments,
+        created=created,
+        authenticate=proxy.admission.authenticate,
+        models_require_key=models_require_key,
+        draining=lambda: not ready() or proxy.shutting_down,
+    )
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", prometheus)

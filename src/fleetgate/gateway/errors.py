@@ -75,7 +75,8 @@ def from_http_exception(exc: web.HTTPException) -> FleetgateError:
     if isinstance(exc, web.HTTPNotFound):
         return RouteNotFoundError("Unknown path; see /v1/models, /v1/chat/completions, /v1/completions.")
     if isinstance(exc, web.HTTPMethodNotAllowed):
-        return MethodNotAllowedError(f"Method not allowed; use {', '.join(sorted(exc.allowed_methods))}.")
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return MethodNotAllowedError(f"Method not allowed; use {allowed}.", headers={"Allow": allowed})
     if exc.status >= 500:
         return FleetgateError(exc.reason)
     err = InvalidRequestError(exc.reason)

@@ -173,6 +173,22 @@ def build_openapi(
         "/v1/chat/completions": {"post": _completion_op("Chat completion (OpenAI)", "ChatCompletionRequest")},
         "/v1/completions": {"post": _completion_op("Text completion (OpenAI)", "CompletionRequest")},
         "/v1/models": {"get": {"summary": "Served models", "responses": _ok("Model list", "ModelList")}},
+        "/v1/models/{model}": {
+            "get": {
+                "summary": "One served model (OpenAI models.retrieve)",
+                "parameters": [
+                    {
+                        "name": "model",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "minLength": 1},
+                    }
+                ],
+                "responses": {**_ok("Model", "Model"), **_errors(401, 404)},
+            }
+        },
+        "/health": {"get": {"summary": "Health, as engines serve it", "responses": _ok("OK", "Status")}},
+        "/version": {"get": {"summary": "Gateway version", "responses": _ok("Version", "Version")}},
         "/healthz": {"get": {"summary": "Liveness", "responses": _ok("Alive", "Status")}},
         "/readyz": {"get": {"summary": "Readiness", "responses": {**_ok("Ready", "Status"), **_errors(503)}}},
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": _ok("Text", media="text/plain")}},
@@ -200,6 +216,16 @@ def build_openapi(
                     "properties": {"object": {"type": "string"}, "data": {"type": "array"}},
                 },
                 "Status": {"type": "object", "properties": {"status": {"type": "string"}}},
+                "Model": {
+                    "type": "object",
+                    "required": ["id", "object"],
+                    "properties": {"id": {"type": "string"}, "object": {"type": "string"}},
+                },
+                "Version": {
+                    "type": "object",
+                    "required": ["version"],
+                    "properties": {"version": {"type": "string"}},
+                },
             },
         },
     }
