@@ -22,10 +22,10 @@ from fleetgate.core.admission import (
     Reason,
     TenantLimits,
     Tier,
-    format_duration,
     take_all,
 )
 from fleetgate.core.types import Priority, RequestInfo
+from fleetgate.gateway.ratelimit import decision_headers, format_duration
 
 INF = math.inf
 
@@ -120,7 +120,7 @@ def test_headers_on_admission() -> None:
     la = LocalAdmission()
     d = la.submit(gold, req("a", "gold", cost=3.0), 0.0)
     assert d is not None and d.allowed
-    h = d.headers
+    h = decision_headers(d)
     assert h["x-ratelimit-limit-requests"] == "120" and h["x-ratelimit-remaining-requests"] == "119"
     assert h["x-ratelimit-limit-tokens"] == "60" and h["x-ratelimit-remaining-tokens"] == "57"
     assert h["x-ratelimit-reset-tokens"] == "3s" and h["x-ratelimit-reset-requests"] == "500ms"
@@ -183,7 +183,7 @@ def test_reserved_tenant_spills_into_best_effort_and_over_limit_is_429() -> None
     assert tiers == [Tier.RESERVED, Tier.BEST_EFFORT, Reason.RATE_LIMITED]
     d = la.submit(silver, req("s9", "silver"), 0.0)
     assert d is not None and d.status == 429 and d.retry_after_s > 0
-    assert "x-ratelimit-remaining-tokens" in d.headers
+    assert "x-ratelimit-remaining-tokens" in decision_headers(d)
 
 
 def test_tenant_without_reservation_on_model_is_rejected() -> None:

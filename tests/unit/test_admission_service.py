@@ -16,6 +16,7 @@ from fleetgate.admission.tenants import bearer_token
 from fleetgate.config import ConfigError, load_config, parse_config
 from fleetgate.core.errors import AuthenticationError, RateLimitError, ServiceUnavailableError
 from fleetgate.core.types import Priority, RequestInfo, Usage
+from fleetgate.gateway.errors import error_headers
 from fleetgate.stores import MemoryStore
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tenants.yaml"
@@ -137,7 +138,8 @@ async def test_admit_settle_and_429_with_openai_headers() -> None:
         await svc.admit(gold, req("b", 1.0), clock())
     err = e.value
     assert err.status == 429 and err.retry_after_s == pytest.approx(5.0)
-    assert err.headers["Retry-After"] == "5" and err.headers["retry-after-ms"] == "5000"
+    http_headers = error_headers(err)  # where errors become HTTP
+    assert http_headers["Retry-After"] == "5" and http_headers["retry-after-ms"] == "5000"
     assert err.headers["x-ratelimit-remaining-tokens"] == "55"
     assert err.headers["x-ratelimit-reset-tokens"] == "5s"
     assert "model units per min" in err.message
@@ -159,7 +161,7 @@ async def test_best_effort_saturated_gets_503_and_probe_still_passes() -> None:
     with pytest.raises(ServiceUnavailableError) as e:
         await svc.admit(free, req("f2", 1.0), clock())
     assert e.value.status == 503 and e.value.retry_after_s == pytest.approx(10.0)
-    assert e.value.headers["Retry-After"] == "10"
+    assert error_headers(e.value)["Retry-After"] == "10"
     probe = await svc.admit(free, req("p", 1.0, priority=Priority.PROBE), clock())
     assert probe.tier == "probe"
 
@@ -171,7 +173,7 @@ async def test_queued_request_waits_and_is_admitted_when_a_refund_frees_room() -
     first = await svc.admit(gold, req("a", 20.0), clock())  # gold's bucket needs 20 s to drain
     waiter = asyncio.create_task(svc.admit(gold, req("b", 1.0), clock()))
     await asyncio.sleep(0.05)
-    assert not waiter.done() and len(svc.core.queue) == 1
+    assert not waiter.done() and svc.queue_depth == 1
     clock.t += 0.2  # the RPM meter (600/min, no burst) needs 0.1 s; the MU meter would need 20 s
     await asyncio.sleep(0.6)
     assert not waiter.done()
@@ -201,7 +203,7 @@ async def test_cancelled_waiter_leaves_the_queue() -> None:
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
-    assert len(svc.core.queue) == 0
+    assert svc.queue_depth == 0
     await svc.aclose()
 
 

@@ -9,14 +9,13 @@
 
 from __future__ import annotations
 
-import math
-
 import orjson
 from aiohttp import web
 
 from fleetgate.admission.service import AdmissionService
 from fleetgate.admission.tenants import Tenant
 from fleetgate.core.errors import FleetgateError, NotFoundError, PermissionDeniedError
+from fleetgate.gateway.errors import error_response
 
 SERVICE_KEY: web.AppKey[AdmissionService] = web.AppKey("fleetgate_admission", AdmissionService)
 
@@ -31,11 +30,7 @@ def _json(data: object, status: int = 200, headers: dict[str, str] | None = None
 
 
 def _error(exc: FleetgateError) -> web.Response:
-    headers = dict(exc.headers)
-    retry = getattr(exc, "retry_after_s", None)
-    if retry is not None:
-        headers.setdefault("Retry-After", str(max(1, math.ceil(retry))))
-    return _json(exc.to_dict(), exc.status, headers)
+    return error_response(exc)
 
 
 def _caller(request: web.Request) -> tuple[AdmissionService, Tenant]:
@@ -86,7 +81,7 @@ async def capacity(request: web.Request) -> web.Response:
     try:
         service, caller = _caller(request)
         _admin_only(caller)
-        return _json({"deployments": service.capacity_overview(), "queue_depth": len(service.core.queue)})
+        return _json({"deployments": service.capacity_overview(), "queue_depth": service.queue_depth})
     except FleetgateError as exc:
         return _error(exc)
 

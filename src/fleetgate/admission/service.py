@@ -1,7 +1,8 @@
 """The async admission shell the gateway calls: authenticate -> admit -> (run) -> settle or release.
 
-All decisions come from ``fleetgate.core.admission``; this module only does I/O (the store), waiting (the
-bounded priority queue) and bookkeeping (metrics, usage). Wiring into a gateway takes a few lines::
+All decisions come from ``fleetgate.core.admission``'s state machine; this module only executes its commands
+(store calls, the admission lock, waking waiters) and does the bookkeeping (metrics, usage). Wiring into a
+gateway takes a few lines::
 
     admission = AdmissionService.from_config(cfg, registry=metrics.registry, clock=clock)
     await admission.start()          # optional: checks the store, starts the queue waker
@@ -23,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -32,23 +33,27 @@ from fleetgate.admission.metrics import AdmissionMetrics
 from fleetgate.admission.tenants import ANONYMOUS_TENANT, Tenant, TenantDirectory
 from fleetgate.config import FleetgateConfig
 from fleetgate.core.admission import (
-    AdmissionCore,
+    AdjustCharges,
+    AdmissionMachine,
     AdmissionSettings,
     CapacityView,
     ChargeKind,
     Decision,
-    PumpPass,
+    Exclusive,
     QueueEntry,
     Reason,
-    TakeOutcome,
+    Resolve,
+    Round,
+    TakeCharges,
     TenantLimits,
     Tier,
+    Wake,
     estimated_tokens,
-    settle_deltas,
 )
 from fleetgate.core.capacity import CapacityLedger, capacity_of
 from fleetgate.core.errors import FleetgateError, RateLimitError, ServiceUnavailableError
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage
+from fleetgate.gateway.ratelimit import decision_headers
 from fleetgate.stores import AdmissionStore, StoreUnavailableError, build_store
 
 log = logging.getLogger("fleetgate.admission")
@@ -117,12 +122,13 @@ class AdmissionService:
         self.directory = directory
         self.store = store
         self.settings = settings or AdmissionSettings()
-        self.core = AdmissionCore(self.settings)
+        self.machine = AdmissionMachine(self.settings, self.capacity)
+        self.core = self.machine.core
         self.fail_open = fail_open
         self.clock = clock
         self.time_scale = time_scale  # clock seconds per real second (tests run a faster clock)
         self.metrics = metrics or AdmissionMetrics(registry)
-        self.metrics.watch(lambda: len(self.core.queue), lambda: bool(getattr(self.store, "available", True)))
+        self.metrics.watch(lambda: self.machine.queued, lambda: bool(getattr(self.store, "available", True)))
         self._capacity_of = capacity_of
         self._capacities: dict[str, float] = dict(capacities or {})
         self._lock = asyncio.Lock()
@@ -130,7 +136,6 @@ class AdmissionService:
         self._wake = asyncio.Event()
         self._waker: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._next_retry_s: float | None = None
         self._rejected: dict[str, int] = {}
         self._ledgers: dict[str, CapacityLedger] = {}  # per deployment: settled MU over a sliding window
         self._closed = False
@@ -191,11 +196,7 @@ class AdmissionService:
                 await self._waker
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        now = self.clock()
-        for entry in self.core.queue.ordered():
-            entry.retry_after_s = max(entry.retry_after_s, 1.0)
-            self.core.finish_rejected(entry, Reason.STORE_UNAVAILABLE, now)
-            self._resolve(entry)
+        await self._execute(self.machine.close(self.clock()), self.clock())
         await self.store.close()
 
     # ------------------------------------------------------------------------------------ tenants
@@ -253,6 +254,11 @@ class AdmissionService:
         return now
 
     # ------------------------------------------------------------------------------------ admission
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for admission now."""
+        return self.machine.queued
+
     async def admit(
         self,
         tenant: Tenant | Any,
@@ -265,98 +271,66 @@ class AdmissionService:
         now = self._now(now)
         if not isinstance(tenant, Tenant):
             tenant = ANONYMOUS_TENANT
-        entry = self.core.new_entry(tenant.limits, request, now, deadline_s)
-        decision = self.core.immediate(entry, now)
-        if decision is None:
-            decision = await self._admit_queued(tenant, entry, now)
-        self._record(tenant, entry, decision)
-        if decision.allowed:
-            headers = dict(decision.headers)
-            if decision.tier is not None:
-                headers["x-fleetgate-tier"] = str(decision.tier)
-            return Ticket(tenant, request, decision, estimated_tokens(request), headers)
-        raise self._error(tenant, entry, decision)
-
-    async def _admit_queued(self, tenant: Tenant, entry: QueueEntry, now: float) -> Decision:
-        fut: asyncio.Future[Decision] | None = None
-        if len(self.core.queue) == 0:
-            # Fast path: nobody waits, so no order to keep; concurrent takes are atomic in the store.
-            await self._pump(now, only=entry)
-            if entry.decision is not None:
-                return entry.decision
-        async with self._lock:
-            if self._closed:  # closed while this request waited for the lock: nothing would wake it
-                entry.retry_after_s = max(entry.retry_after_s, 1.0)
-                self.core.finish_rejected(entry, Reason.STORE_UNAVAILABLE, now)
-                assert entry.decision is not None
-                return entry.decision
-            accepted, evicted = self.core.enqueue(entry, now)
-            if evicted is not None:
-                self._resolve(evicted)
-            if not accepted:
-                await self._pump(now, only=entry)
-                if entry.decision is None:
-                    self.core.finish_rejected(entry, Reason.QUEUE_FULL, now)
-            else:
-                await self._pump(now, arrival=entry)
-                if entry.decision is None:
-                    self.core.give_up_if_hopeless(entry, now)
-            if entry.decision is None:
-                fut = asyncio.get_running_loop().create_future()
-                self._waiters[entry.seq] = fut
+        r = self.machine.submit(tenant.limits, request, now, deadline_s, try_alone=True)
+        entry = r.entry
+        assert entry is not None
+        fut = await self._execute(r, now)
         if fut is not None:
             self._ensure_waker()
             try:
                 await fut
             except asyncio.CancelledError:
                 self._waiters.pop(entry.seq, None)
-                if entry.decision is None:
-                    self.core.queue.remove(entry)
-                elif entry.decision.allowed:
+                self.machine.cancel(entry)
+                if entry.decision is not None and entry.decision.allowed:
                     self.release(
                         Ticket(tenant, entry.request, entry.decision, estimated_tokens(entry.request))
                     )
                 raise
-        assert entry.decision is not None
-        return entry.decision
+        decision = entry.decision
+        assert decision is not None
+        self._record(tenant, entry, decision)
+        if decision.allowed:
+            headers = decision_headers(decision)
+            if decision.tier is not None:
+                headers["x-fleetgate-tier"] = str(decision.tier)
+            return Ticket(tenant, request, decision, estimated_tokens(request), headers)
+        raise self._error(tenant, entry, decision)
 
-    async def _pump(
-        self, now: float, only: QueueEntry | None = None, arrival: QueueEntry | None = None
-    ) -> PumpPass:
-        """One pass over the queue (caller holds the lock); resolves the waiters it decided.
-
-        After ``arrival`` was queued the core decides whether a full pass is needed or trying the new
-        entry alone is equivalent (nothing refunded, admitted or re-ranked since the last full pass).
-        """
-        if arrival is not None:
-            p = self.core.pump_arrival(arrival, now, self.capacity)
-        else:
-            p = self.core.pump(now, self.capacity, only)
-        while (a := p.next_attempt()) is not None:
-            entry = a.entry
-            try:
-                key = self._usage_key(entry.tenant)
-                outcome = await self.store.take(a.charges, now, key, entry.request.cost_mu)
-            except StoreUnavailableError:
-                self.metrics.store_errors.labels(self.store.kind).inc()
-                if self.fail_open:
-                    self.metrics.fail_open.inc()
-                    # Admitted unmetered: nothing was charged, so settle must not refund anything either.
-                    p.report(replace(a, charges=()), TakeOutcome(True, 0.0, (), {}, now))
-                else:
-                    entry.retry_after_s = max(entry.retry_after_s, 1.0)
-                    self.core.finish_rejected(entry, Reason.STORE_UNAVAILABLE, now)
-                    p.finished.append(entry)
-                continue
-            p.report(a, outcome)
-        if p.full:
-            self._next_retry_s = p.min_retry_s
-        elif arrival is not None and p.min_retry_s is not None:
-            cur = self._next_retry_s
-            self._next_retry_s = p.min_retry_s if cur is None else min(cur, p.min_retry_s)
-        for entry in p.finished:
-            self._resolve(entry)
-        return p
+    async def _execute(self, r: Round, now: float) -> asyncio.Future[Decision] | None:
+        """Run one round of the admission machine; returns the future to await when its request waits."""
+        locked = False
+        try:
+            while (cmd := r.next()) is not None:
+                if isinstance(cmd, TakeCharges):
+                    key = self._usage_key(cmd.tenant)
+                    try:
+                        outcome = await self.store.take(cmd.charges, now, key, cmd.cost_mu)
+                    except StoreUnavailableError:
+                        self.metrics.store_errors.labels(self.store.kind).inc()
+                        if self.fail_open:
+                            self.metrics.fail_open.inc()
+                        r.store_failed(self.fail_open)
+                        continue
+                    r.taken(outcome)
+                elif isinstance(cmd, Resolve):
+                    self._resolve(cmd.entry)
+                elif isinstance(cmd, Exclusive):
+                    await self._lock.acquire()
+                    locked = True
+                elif isinstance(cmd, Wake):
+                    self._wake.set()
+                elif isinstance(cmd, AdjustCharges):
+                    raise AssertionError("settle rounds are run by _settle")
+            if r.entry is not None and r.entry.decision is None:
+                # registered before the lock is released, so the pass that decides it finds it
+                fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+                self._waiters[r.entry.seq] = fut
+                return fut
+            return None
+        finally:
+            if locked:
+                self._lock.release()
 
     def _resolve(self, entry: QueueEntry) -> None:
         fut = self._waiters.pop(entry.seq, None)
@@ -372,24 +346,18 @@ class AdmissionService:
         """Re-run the queue when a bucket should have refilled, a deadline passes, or something settles."""
         while not self._closed:
             try:
-                if len(self.core.queue) == 0:
+                if self.machine.queued == 0:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                now = self.clock()
-                delay = self._next_retry_s if self._next_retry_s is not None else 0.05
-                valid_until = self.core.wake_at()  # a blocked meter may free up then
-                if valid_until is not None and math.isfinite(valid_until):
-                    delay = min(delay, valid_until - now)
-                deadline = self.core.queue.next_deadline()
-                if deadline is not None:
-                    delay = min(delay, deadline - now)
+                wake = self.machine.next_wake()  # a meter may free up or a deadline pass then
+                delay = 0.05 if wake is None else wake - self.clock()
                 delay = min(max(delay / self.time_scale, 0.001), 0.5)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay)
-                async with self._lock:
-                    await self._pump(self.clock())
+                now = self.clock()
+                await self._execute(self.machine.pump(now), now)
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let the queue stall silently
@@ -408,9 +376,7 @@ class AdmissionService:
 
     def _error(self, tenant: Tenant, entry: QueueEntry, decision: Decision) -> FleetgateError:
         retry = decision.retry_after_s
-        headers = dict(decision.headers)
-        headers["Retry-After"] = str(max(1, math.ceil(retry)))
-        headers["retry-after-ms"] = str(max(1, math.ceil(retry * 1000)))
+        headers = decision_headers(decision)  # Retry-After is added where errors become HTTP
         headers["x-fleetgate-admission"] = str(decision.reason)
         model = entry.request.model
         wait = f"Please try again in {retry:.3g}s."
@@ -483,9 +449,6 @@ class AdmissionService:
     ) -> None:
         if usage is not None and actual_tokens is None:
             actual_tokens = usage.total_tokens
-        deltas = settle_deltas(
-            ticket.decision, actual_mu, ticket.estimate_mu, actual_tokens, ticket.estimate_tokens
-        )
         fields: dict[str, float] = (
             {"released": 1.0} if released else {"settled": 1.0, "settled_mu": actual_mu}
         )
@@ -493,18 +456,20 @@ class AdmissionService:
             fields["prompt_tokens"] = float(usage.prompt_tokens)
             fields["completion_tokens"] = float(usage.completion_tokens)
         key = self._usage_key(ticket.tenant.limits)
-        if deltas or key is not None:
-            try:
-                await self.store.adjust(deltas, now, key, fields)
-            except StoreUnavailableError:
-                self.metrics.store_errors.labels(self.store.kind).inc()
-        if ticket.decision.tier not in (Tier.PROBE, Tier.UNLIMITED, None):
-            self.core.settled(ticket.decision, ticket.tenant.limits, ticket.request, actual_mu)
+        r = self.machine.settle(
+            ticket.decision, ticket.tenant.limits, ticket.request, actual_mu, actual_tokens
+        )
+        while (cmd := r.next()) is not None:
+            if isinstance(cmd, AdjustCharges) and (cmd.deltas or key is not None):
+                try:
+                    await self.store.adjust(cmd.deltas, now, key, fields)
+                except StoreUnavailableError:
+                    self.metrics.store_errors.labels(self.store.kind).inc()
+            elif isinstance(cmd, Wake):
+                self._wake.set()
         if not released:
             self.metrics.settled_mu.labels(ticket.tenant.name).inc(actual_mu)
             self.ledger(ticket.request.model).record(ticket.tenant.name, actual_mu, now)
-        if deltas and len(self.core.queue):
-            self._wake.set()
 
     # ------------------------------------------------------------------------------------ admin views
     async def usage(self, tenant_name: str) -> dict[str, Any]:
@@ -575,6 +540,6 @@ class AdmissionService:
         return {
             "tenants": tenants,
             "deployments": self.capacity_overview(),
-            "queue_depth": len(self.core.queue),
+            "queue_depth": self.machine.queued,
             "store": {"kind": self.store.kind, "available": bool(getattr(self.store, "available", True))},
         }

@@ -9,7 +9,6 @@ mapped onto the same tree first, so a client never sees an HTML or plain-text er
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 from collections.abc import Awaitable, Callable
@@ -26,6 +25,7 @@ from fleetgate.core.errors import (
     ServiceUnavailableError,
 )
 from fleetgate.core.sse import encode_event
+from fleetgate.gateway.ratelimit import retry_after_headers
 
 log = logging.getLogger("fleetgate.gateway")
 
@@ -42,11 +42,11 @@ class RouteNotFoundError(NotFoundError):
 
 
 def error_headers(exc: FleetgateError) -> dict[str, str]:
-    """Headers an error carries: its own plus ``Retry-After`` (whole seconds, at least 1)."""
+    """Headers an error carries: its own plus ``Retry-After`` / ``retry-after-ms`` when it has a wait."""
     headers = dict(exc.headers)
-    retry_after = getattr(exc, "retry_after_s", None)
-    if isinstance(exc, RateLimitError | ServiceUnavailableError) and retry_after is not None:
-        headers.setdefault("Retry-After", str(max(1, math.ceil(retry_after))))
+    if isinstance(exc, RateLimitError | ServiceUnavailableError) and exc.retry_after_s is not None:
+        for name, value in retry_after_headers(exc.retry_after_s).items():
+            headers.setdefault(name, value)
     return headers
 
 
