@@ -307,3 +307,62 @@ def test_metrics_without_created_and_openmetrics(client: openai.OpenAI, gateway:
     assert om.headers["Content-Type"].startswith("application/openmetrics-text")
     assert om.text.rstrip().endswith("# EOF") and "_created" not in om.text
     assert "fleetgate_requests_total" in om.text
+
+
+# -- item 7 with the frameworks users bring -----------------------------------------------------------------
+
+
+class Weather(BaseModel):
+    """Weather report for a city."""
+
+    city: str
+    temperature_c: float
+    conditions: Literal["sunny", "cloudy", "rain"]
+
+
+def test_langchain_structured_output_and_bind_tools(gateway: str) -> None:
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        return f"sunny in {city}"
+
+    llm = ChatOpenAI(model=MODEL, base_url=gateway + "/v1", api_key=KEY, max_retries=0, timeout=30)  # type: ignore[arg-type]
+    report = llm.with_structured_output(Weather).invoke("What is the weather in Oslo?")
+    assert isinstance(report, Weather) and report.conditions in ("sunny", "cloudy", "rain")
+    with_tools = llm.bind_tools([get_weather])
+    first = with_tools.invoke([HumanMessage("What is the weather in Oslo?")])
+    assert first.tool_calls and first.tool_calls[0]["name"] == "get_weather"  # type: ignore[attr-defined]
+    call = first.tool_calls[0]  # type: ignore[attr-defined]
+    assert set(call["args"]) == {"city"}
+    answer = with_tools.invoke(
+        [
+            HumanMessage("What is the weather in Oslo?"),
+            first,
+            ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"]),
+        ]
+    )
+    assert isinstance(answer.content, str) and answer.content and not answer.tool_calls  # type: ignore[attr-defined]
+
+
+def test_litellm_function_calling(gateway: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download of litellm's cost map
+    import litellm
+
+    resp = litellm.completion(
+        model=f"openai/{MODEL}",
+        api_base=gateway + "/v1",
+        api_key=KEY,
+        messages=[{"role": "user", "content": "What is the weather in Lima?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="auto",
+        max_tokens=200,
+    )
+    message = resp.choices[0].message
+    assert resp.choices[0].finish_reason == "tool_calls"
+    assert message.tool_calls[0].function.name == "get_weather"
+    args = json.loads(message.tool_calls[0].function.arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
