@@ -60,6 +60,29 @@ def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, str]:
     return None, ""
 
 
+def _variants(annotation: Any) -> list[type[BaseModel]]:
+    """The models of a union of several config models (a discriminated union of plug-in Params), else []."""
+
+    def flat(a: Any) -> list[Any]:
+        if get_origin(a) is typing.Annotated:
+            return flat(get_args(a)[0])
+        if get_origin(a) in (typing.Union, types.UnionType):
+            return [x for arg in get_args(a) for x in flat(arg)]
+        return [a]
+
+    models = [a for a in flat(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models if len(models) > 1 else []
+
+
+def _tag(model: type[BaseModel]) -> str:
+    """``policy: kpa`` for a plug-in Params model whose first field is a one-value Literal (its type name)."""
+    for name, field in model.model_fields.items():
+        if get_origin(field.annotation) is Literal and len(get_args(field.annotation)) == 1:
+            return f"{name}: {get_args(field.annotation)[0]}"
+        break
+    return model.__name__
+
+
 def type_name(annotation: Any) -> str:
     """A short, readable type: ``int``, ``float | null``, ``list[str]``, ``"a" | "b"``, ``map[k, v]``."""
     origin = get_origin(annotation)
@@ -67,6 +90,8 @@ def type_name(annotation: Any) -> str:
         return "null"
     if origin is Literal:
         return " | ".join(json.dumps(a) for a in get_args(annotation))
+    if origin is typing.Annotated:
+        return type_name(get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
         return " | ".join(type_name(a) for a in get_args(annotation))
     if origin is list:
@@ -116,32 +141,40 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def sections(model: type[BaseModel], path: str) -> list[str]:
-    """Markdown for ``model`` at ``path`` (then for each nested model, depth first)."""
+def sections(model: type[BaseModel], path: str, tag: str = "") -> list[str]:
+    """Markdown for ``model`` at ``path`` (then for each nested model, depth first); ``tag`` names the
+    variant of a plug-in union (``policy: kpa``)."""
     title = f"`{path}`" if path else "Top level"
+    if tag:
+        title = f"{title} with `{tag}`"
     lines = [f"## {title}", ""]
     doc = _doc(model)
     if doc:
         lines += [doc, ""]
     lines += ["| Key | Type | Default | Description |", "|---|---|---|---|"]
-    nested: list[tuple[type[BaseModel], str]] = []
+    nested: list[tuple[type[BaseModel], str, str]] = []
     for name, field in model.model_fields.items():
         inner, how = _model_of(field.annotation)
+        variants = _variants(field.annotation)
         description = field.description or (_doc(inner) if inner is not None else "")
         extra = constraints(field)
         if extra:
             description = f"{description} ({extra})" if description else f"({extra})"
         key = f"{path}.{name}" if path else name
-        if inner is not None:
+        if variants:
+            links = ", ".join(f"[`{_tag(v)}`](#{_anchor(f'{key} with {_tag(v)}')})" for v in variants)
+            description = f"{description} One of: {links}.".strip()
+            nested += [(v, key, _tag(v)) for v in variants]
+        elif inner is not None:
             description = f"{description} See [`{key}{how}`](#{_anchor(key + how)}).".strip()
-            nested.append((inner, key + how))
+            nested.append((inner, key + how, ""))
         lines.append(
             f"| `{name}` | {_escape(type_name(field.annotation))} | {_escape(default_text(field))} "
             f"| {_escape(description)} |"
         )
     lines.append("")
-    for inner, sub in nested:
-        lines += sections(inner, sub)
+    for inner, sub, variant in nested:
+        lines += sections(inner, sub, variant)
     return lines
 
 

@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fleetgate.core.autoscale.registry import AutoscalerParams
+
 ENV_PREFIX = "FLEETGATE__"
 
 RoutingPolicyName = Literal["random", "round_robin", "least_requests", "p2c", "cache_aware", "fleetgate"]
@@ -237,13 +239,31 @@ class LocalConfig(_Strict):
     )
     ready_timeout_s: float = Field(default=60.0, gt=0, description="Longest wait for a replica to be ready.")
     stop_timeout_s: float = Field(default=5.0, gt=0, description="SIGTERM-to-SIGKILL delay when stopping.")
-    autoscaler: Literal["static", "kpa", "fleetgate"] | None = Field(
+    autoscaler: AutoscalerParams | None = Field(
         default=None,
-        description="Autoscale the local replicas with this policy (none: keep --replicas fixed).",
+        description="Autoscale the local replicas: the policy and its parameters, e.g. `{policy: fleetgate, "
+        "min_replicas: 1, max_replicas: 4}` (none: keep --replicas fixed). The older form `autoscaler: NAME` "
+        "with `autoscaler_params: {...}` is still read.",
     )
-    autoscaler_params: dict[str, Any] = Field(
-        default_factory=dict, description="Its parameters, e.g. {min_replicas: 1, max_replicas: 4}."
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _autoscaler_by_name(cls, data: Any) -> Any:
+        """``autoscaler: fleetgate`` + ``autoscaler_params: {...}`` (the older form) -> one typed mapping."""
+        if not isinstance(data, Mapping) or (
+            "autoscaler_params" not in data and not isinstance(data.get("autoscaler"), str)
+        ):
+            return data
+        data = dict(data)
+        params = data.pop("autoscaler_params", None) or {}
+        name = data.get("autoscaler")
+        if isinstance(name, str):
+            if not isinstance(params, Mapping):
+                raise ValueError("autoscaler_params must be a mapping")
+            data["autoscaler"] = {**params, "policy": name}
+        elif params:
+            raise ValueError("autoscaler_params needs `autoscaler: NAME` (or put them in `autoscaler:`)")
+        return data
 
 
 class ImageTargetConfig(_Strict):

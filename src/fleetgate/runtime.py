@@ -416,11 +416,9 @@ async def up(cfg: FleetgateConfig, *, replicas: int, port: int, model: str) -> N
         if full.gateway.health_checks:
             attach_health(server, {model: provider})  # local replicas: hung or crashed ones are restarted
         if local.autoscaler is not None:
-            from fleetgate.core.autoscale import build_autoscaler
+            from fleetgate.core.autoscale import autoscaler_from
 
-            attach_autoscaler(
-                server, model, provider, build_autoscaler(local.autoscaler, local.autoscaler_params)
-            )
+            attach_autoscaler(server, model, provider, autoscaler_from(local.autoscaler))
         url = await server.start(port)
         print(f"fleetgate ready on {url}", flush=True)
         print(

@@ -7,8 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetgate.core.autoscale import AutoscaleContext, AutoscalePolicy, AutoscaleState, decide
-from fleetgate.core.autoscale_baselines import KpaAutoscaler
+from fleetgate.core.autoscale import AutoscaleContext, AutoscalePolicy, AutoscaleState, KpaAutoscaler, decide
 
 policies = st.builds(
     lambda lo, span, target, panic, delay, cool, interval, step, fc, floor, frac, beta, season: (

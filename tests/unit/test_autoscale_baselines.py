@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from fleetgate.core.autoscale import AUTOSCALER_NAMES, AutoscaleContext, FleetgateAutoscaler, build_autoscaler
-from fleetgate.core.autoscale_baselines import KpaAutoscaler, KpaState, StaticAutoscaler
+from fleetgate.core.autoscale import (
+    AUTOSCALER_NAMES,
+    AutoscaleContext,
+    FleetgateAutoscaler,
+    KpaAutoscaler,
+    KpaState,
+    StaticAutoscaler,
+    build_autoscaler,
+)
 
 
 def _ctx(now: float, current: int, conc: float, state: object = None) -> AutoscaleContext:

@@ -40,8 +40,8 @@ def test_every_field_is_documented() -> None:
         for name, field in model.model_fields.items():
             assert f"| `{name}` |" in text, f"{model.__name__}.{name} missing from the reference"
             inner, _ = _generator()._model_of(field.annotation)
-            if inner is not None:
-                walk(inner)
+            for variant in _generator()._variants(field.annotation) or ([inner] if inner else []):
+                walk(variant)
 
     walk(FleetgateConfig)
     assert len(seen) >= 10

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from fleetgate.core.autoscale import AutoscaleContext, Autoscaler, DemandMeter
+from fleetgate.core.autoscale import AutoscaleContext, DemandMeter, ReportingAutoscaler
 
 log = logging.getLogger("fleetgate.autoscaler")
 
@@ -118,7 +118,7 @@ class AutoscalerLoop:
         self,
         *,
         deployment: str,
-        autoscaler: Autoscaler,
+        autoscaler: ReportingAutoscaler,
         meter: DemandMeter,
         counts: CountsFn,
         target: ScaleTarget | None,
@@ -209,16 +209,17 @@ class AutoscalerLoop:
             policy_state=self.state,
         )
         desired, self.state = self.autoscaler.decide(ctx)
-        # fleetgate's policy reports the demand it scaled on (its in-flight term); baselines do not.
-        demand = float(getattr(self.state, "demand_mu_per_min", ctx.demand_mu_per_min))
-        util = float(getattr(self.state, "utilisation", ctx.utilisation))
+        # fleetgate's policy reports the demand it scaled on (its in-flight term); baselines the context's.
+        summary = self.autoscaler.summary(ctx, self.state)
+        demand = float(summary.demand_mu_per_min)
+        util = float(summary.utilisation)
         m = self.metrics
         m.desired.labels(self.deployment).set(desired)
         m.utilisation.labels(self.deployment).set(util if math.isfinite(util) else 1e9)
         m.demand.labels(self.deployment).set(demand)
         m.ready.labels(self.deployment).set(counts.ready)
         m.starting.labels(self.deployment).set(counts.starting)
-        m.panic.labels(self.deployment).set(1.0 if getattr(self.state, "panic", False) else 0.0)
+        m.panic.labels(self.deployment).set(1.0 if summary.panic else 0.0)
         self.history.append((now, desired, counts.ready, util))
         if len(self.history) > 10_000:
             del self.history[:5_000]
@@ -232,7 +233,7 @@ class AutoscalerLoop:
                 desired,
                 demand,
                 util,
-                getattr(self.state, "reason", ""),
+                summary.reason,
             )
             if self.apply and self.target is not None and not self.applying:
                 # In the background: the provider may wait minutes for engines to start, and decisions

@@ -78,12 +78,13 @@ def _profile(opts: SimOptions) -> CostProfile:
 def _autoscaler(opts: SimOptions, profile: CostProfile) -> Any:
     if not opts.autoscale:
         return None
-    from fleetgate.core.autoscale import build_autoscaler
+    from fleetgate.core.autoscale import Railed, Rails, build_autoscaler
 
     params = dict(opts.autoscale_params)
     if opts.autoscale == "static" and "replicas" not in params and "peak_mu_per_min" not in params:
         params["replicas"] = opts.replicas
-    return build_autoscaler(opts.autoscale, params)
+    # the simulator's own bounds are outer rails around whichever policy runs
+    return Railed(build_autoscaler(opts.autoscale, params), Rails(opts.min_replicas, opts.max_replicas))
 
 
 def load_for(opts: SimOptions) -> Trace:

@@ -1,8 +1,6 @@
 """Autoscaling on model-unit (MU) utilisation: a pure ``decide(context) -> (desired_replicas, state)``.
 
-Shaped like Ray Serve's custom autoscaling policies: the caller (the asyncio loop in ``fleetgate.autoscaler``
-or the simulator) gathers inputs, calls :func:`decide` with the previous state, applies the returned replica
-count and keeps the returned state for the next call. Nothing here reads a clock: ``now_s`` comes in.
+The calling convention (context in, count and state out) is ``base.py``'s; nothing here reads a clock.
 
 Why MU: request counts, CPU and memory do not show GPU load (a burst of long-context requests looks like a
 burst of short ones); MU do. Demand is ``settled MU of the last minute + growth of the MU in flight over the
@@ -32,7 +30,8 @@ The algorithm, Knative-like with changes for LLM serving:
 * **Warm floor**: ``warm_floor`` replicas stay while any demand was seen in the last ``idle_to_min_s``; only a
   really idle deployment drops to ``min_replicas`` (which may be 0).
 
-The bounds and cooldown helpers are shared with the baselines in ``core.autoscale_baselines``.
+Bounds and the scale-down delay are the shared rails (``rails.Rails``), here interleaved with the policy's
+own holds; the demand terms are this module's.
 """
 
 from __future__ import annotations
@@ -41,42 +40,61 @@ import math
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Literal
 
-#: Tolerance so that demand exactly at target does not round up to one replica more.
-_EPS = 1e-9
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-AUTOSCALER_NAMES: tuple[str, ...] = ("static", "kpa", "fleetgate")
+from fleetgate.core.autoscale.base import (
+    EPS,
+    AutoscaleContext,
+    AutoscaleSummary,
+    context_summary,
+    replicas_for,
+    window_mean,
+    window_slope,
+)
+from fleetgate.core.autoscale.rails import Rails, in_cooldown, limit_scale_down, limit_scale_up
+
+_EPS = EPS
 
 
-@dataclass(frozen=True, slots=True)
-class AutoscalePolicy:
-    """Settings of the fleetgate autoscaler; defaults documented in docs/autoscaling.md."""
+class AutoscalePolicy(BaseModel):
+    """Parameters of the fleetgate autoscaler (its ``Params``); defaults documented in docs/autoscaling.md."""
 
-    target_utilisation: float = 0.7
-    min_replicas: int = 1
-    max_replicas: int = 1024
-    warm_floor: int = 1
-    idle_to_min_s: float = 1800.0
-    stable_window_s: float = 60.0
-    panic_window_s: float = 6.0
-    panic_threshold: float = 1.4
-    max_scale_up_rate: float = 100.0
-    scale_down_delay_s: float = 300.0
-    scale_up_cooldown_s: float = 120.0
-    scale_down_interval_s: float = 30.0
-    scale_down_max_step: int = 1
-    scale_down_max_fraction: float = 0.1
-    forecast_horizon_s: float = 0.0
-    headroom_beta: float = 0.0
-    seasonal_period_s: float = 86400.0
-    seasonal_bucket_s: float = 600.0
-    seasonal_periods: int = 1
-    seasonal_lead_s: float = 240.0
-    inflight_term: str = "change"
-    panic_on_recent: bool = True
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def __post_init__(self) -> None:
+    policy: Literal["fleetgate"] = Field(default="fleetgate", description="MU-demand autoscaler.")
+    target_utilisation: float = Field(default=0.7, description="Target MU use of each replica, in (0, 1].")
+    min_replicas: int = Field(default=1, description="Fewest replicas (0 allowed: scale to zero).")
+    max_replicas: int = Field(default=1024, description="Most replicas.")
+    warm_floor: int = Field(default=1, description="Replicas kept while demand was seen recently.")
+    idle_to_min_s: float = Field(default=1800.0, description="Quiet time before dropping below warm_floor.")
+    stable_window_s: float = Field(default=60.0, description="Window of the mean demand (s).")
+    panic_window_s: float = Field(default=6.0, description="Window of the short-term demand (s).")
+    panic_threshold: float = Field(default=1.4, description="Panic when short-term needs this x replicas.")
+    max_scale_up_rate: float = Field(default=100.0, description="At most this x the replicas per decision.")
+    scale_down_delay_s: float = Field(
+        default=300.0, description="Scale down only to the highest desire of this long (s)."
+    )
+    scale_up_cooldown_s: float = Field(default=120.0, description="No scale-down this long after a scale-up.")
+    scale_down_interval_s: float = Field(default=30.0, description="Time between two scale-downs (s).")
+    scale_down_max_step: int = Field(default=1, description="Replicas removed per scale-down at least.")
+    scale_down_max_fraction: float = Field(
+        default=0.1, description="Or this fraction of the replicas, when larger."
+    )
+    forecast_horizon_s: float = Field(default=0.0, description="Trend projection ahead (s; 0: off).")
+    headroom_beta: float = Field(default=0.0, description="Square-root staffing headroom (0: off).")
+    seasonal_period_s: float = Field(default=86400.0, description="Period of the daily pattern (0: off).")
+    seasonal_bucket_s: float = Field(default=600.0, description="Bucket of the daily pattern (s).")
+    seasonal_periods: int = Field(default=1, description="Past periods a rise must have recurred in.")
+    seasonal_lead_s: float = Field(default=240.0, description="How far ahead recurring rises pre-warm (s).")
+    inflight_term: Literal["change", "level"] = Field(
+        default="change", description="Demand's in-flight term: growth over the window, or the level."
+    )
+    panic_on_recent: bool = Field(default=True, description="Panic on the arrival rate of the last seconds.")
+
+    @model_validator(mode="after")
+    def _check(self) -> AutoscalePolicy:
         if not 0.0 < self.target_utilisation <= 1.0:
             raise ValueError("target_utilisation must be in (0, 1]")
         if self.min_replicas < 0 or self.max_replicas < max(self.min_replicas, 1):
@@ -97,13 +115,13 @@ class AutoscalePolicy:
             raise ValueError("scale_down_max_step must be >= 1")
         if not 0.0 <= self.scale_down_max_fraction <= 1.0:
             raise ValueError("scale_down_max_fraction must be in [0, 1]")
-        for name in (
-            "scale_down_delay_s",
-            "scale_up_cooldown_s",
-            "scale_down_interval_s",
-            "forecast_horizon_s",
+        for name, value in (
+            ("scale_down_delay_s", self.scale_down_delay_s),
+            ("scale_up_cooldown_s", self.scale_up_cooldown_s),
+            ("scale_down_interval_s", self.scale_down_interval_s),
+            ("forecast_horizon_s", self.forecast_horizon_s),
         ):
-            if getattr(self, name) < 0:
+            if value < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.idle_to_min_s < 0:
             raise ValueError("idle_to_min_s must be >= 0")
@@ -115,18 +133,24 @@ class AutoscalePolicy:
             raise ValueError("need 0 < seasonal_bucket_s <= seasonal_period_s")
         if self.seasonal_periods < 1:
             raise ValueError("seasonal_periods must be >= 1")
-        if self.inflight_term not in ("change", "level"):
-            raise ValueError("inflight_term must be 'change' or 'level'")
+        return self
+
+    @property
+    def rails(self) -> Rails:
+        """The shared rails with this policy's bounds and scale-down delay."""
+        return Rails(self.min_replicas, self.max_replicas, self.scale_down_delay_s)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any] | None) -> AutoscalePolicy:
         """Build from a plain mapping (config or CLI); unknown keys are an error, not silently ignored."""
         params = dict(params or {})
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(params) - known)
+        unknown = sorted(set(params) - set(cls.model_fields))
         if unknown:
             raise ValueError(f"unknown autoscaler parameter(s): {', '.join(unknown)}")
-        return cls(**params)
+        return cls.model_validate(params)
+
+
+_DEFAULT_POLICY = AutoscalePolicy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,126 +176,6 @@ class AutoscaleState:
     seasonal_mu_per_min: float = 0.0
     #: (time, MU in flight) of the stable window, for the ``change`` in-flight term.
     inflight_samples: tuple[tuple[float, float], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class AutoscaleContext:
-    """Inputs of one decision.
-
-    ``current_replicas`` is the count the provider is currently asked to run (ready + starting, normally);
-    ``ready_replicas`` are healthy and serving; ``starting_replicas`` were asked for but are not ready yet
-    (including ones being restarted). ``capacity_mu_per_min`` is per replica. ``inflight_requests`` is only
-    used by the concurrency baseline (KPA) but every autoscaler gets the same context.
-    """
-
-    now_s: float
-    current_replicas: int
-    ready_replicas: int
-    starting_replicas: int = 0
-    capacity_mu_per_min: float = 100.0
-    settled_mu_per_min: float = 0.0
-    inflight_mu: float = 0.0
-    inflight_requests: float = 0.0
-    policy: AutoscalePolicy = AutoscalePolicy()
-    policy_state: Any = None
-
-    @property
-    def demand_mu_per_min(self) -> float:
-        return max(0.0, self.settled_mu_per_min) + max(0.0, self.inflight_mu)
-
-    @property
-    def utilisation(self) -> float:
-        """Demand over the capacity of healthy replicas (inf when there is demand and none is ready)."""
-        cap = self.ready_replicas * self.capacity_mu_per_min
-        if cap <= 0:
-            return math.inf if self.demand_mu_per_min > 0 else 0.0
-        return self.demand_mu_per_min / cap
-
-
-class Autoscaler(Protocol):
-    """Anything the simulator and the live loop can drive: fleetgate's policy and the baselines."""
-
-    @property
-    def name(self) -> str: ...
-
-    def decide(self, ctx: AutoscaleContext) -> tuple[int, Any]:
-        """Desired replica count and the state to pass back (as ``ctx.policy_state``) next time."""
-        ...
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Shared wrappers: bounds, rate limits, delay and cooldown (used by every autoscaler here).
-
-
-def apply_bounds(desired: int, min_replicas: int, max_replicas: int) -> int:
-    """Clamp to ``[min_replicas, max_replicas]``."""
-    return max(min_replicas, min(max_replicas, desired))
-
-
-def limit_scale_up(current: int, desired: int, max_rate: float) -> int:
-    """At most ``max_rate`` x the current count (and always at least one replica more is allowed)."""
-    if desired <= current:
-        return desired
-    cap = max(current + 1, math.ceil(current * max_rate))
-    return min(desired, cap)
-
-
-def limit_scale_down(
-    current: int, desired: int, *, max_step: int | None = None, max_rate: float | None = None
-) -> int:
-    """At most ``max_step`` replicas fewer, and never below ``current / max_rate`` (Knative's rule)."""
-    if desired >= current:
-        return desired
-    floor = desired
-    if max_step is not None:
-        floor = max(floor, current - max_step)
-    if max_rate is not None and max_rate > 0:
-        floor = max(floor, math.floor(current / max_rate))
-    return min(current, floor)
-
-
-def in_cooldown(now_s: float, last_event_s: float, cooldown_s: float) -> bool:
-    """Whether ``cooldown_s`` has not yet passed since ``last_event_s``."""
-    return now_s - last_event_s < cooldown_s
-
-
-def delayed_floor(history: Sequence[tuple[float, int]], now_s: float, delay_s: float) -> int:
-    """The largest desire recorded in the last ``delay_s`` (0 when none): scale-down waits for it to fall."""
-    return max((d for t, d in history if now_s - t <= delay_s), default=0)
-
-
-def window_mean(samples: Sequence[tuple[float, float]], now_s: float, window_s: float) -> float:
-    """Mean of the samples taken in the last ``window_s`` (0 when none)."""
-    vals = [v for t, v in samples if now_s - t < window_s - _EPS]
-    return sum(vals) / len(vals) if vals else 0.0
-
-
-def window_slope(samples: Sequence[tuple[float, float]], now_s: float, window_s: float) -> float:
-    """Least-squares slope (units per second) of the samples in the window; 0 with fewer than 3 points."""
-    pts = [(t, v) for t, v in samples if now_s - t < window_s - _EPS]
-    if len(pts) < 3:
-        return 0.0
-    n = len(pts)
-    mt = sum(t for t, _ in pts) / n
-    mv = sum(v for _, v in pts) / n
-    var = sum((t - mt) ** 2 for t, _ in pts)
-    if var <= 0:
-        return 0.0
-    return sum((t - mt) * (v - mv) for t, v in pts) / var
-
-
-def replicas_for(
-    demand_mu_per_min: float, capacity_mu_per_min: float, target: float, beta: float = 0.0
-) -> int:
-    """Replicas needed to serve ``demand`` at ``target`` utilisation of each replica's capacity.
-
-    With ``beta`` > 0, square-root staffing adds ``beta * sqrt(R)`` replicas (``R`` = demand in replicas at
-    full load): bursts are relatively larger for small deployments, so they get relatively more headroom.
-    """
-    if demand_mu_per_min <= 0 or capacity_mu_per_min <= 0 or target <= 0:
-        return 0
-    load = demand_mu_per_min / capacity_mu_per_min
-    return max(0, math.ceil(load / target + beta * math.sqrt(load) - _EPS))
 
 
 def arrival_demand(
@@ -401,7 +305,8 @@ def seasonal_increment(season: Sequence[tuple[int, float]], p: AutoscalePolicy, 
 
 def decide(ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
     """One decision: the replica count to run now and the state to pass back next time."""
-    p = ctx.policy
+    p = ctx.policy if ctx.policy is not None else _DEFAULT_POLICY
+    rails = p.rails
     prev: AutoscaleState = (
         ctx.policy_state if isinstance(ctx.policy_state, AutoscaleState) else AutoscaleState()
     )
@@ -444,8 +349,8 @@ def decide(ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
     if now - last_demand_s <= p.idle_to_min_s:
         floor = max(floor, p.warm_floor)
     raw = max(want_stable, want_panic if panic else 0)
-    raw = apply_bounds(max(raw, floor), p.min_replicas, p.max_replicas)
-    history = (*(h for h in prev.desired_history if now - h[0] <= horizon), (now, raw))
+    raw = rails.bound(max(raw, floor))
+    history = rails.remember(prev.desired_history, now, raw, keep_s=horizon)
 
     reason = "hold"
     desired = current
@@ -459,9 +364,7 @@ def decide(ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
         desired = min(raw, pending_total)
         reason = "pending"
     elif raw < current:
-        delayed = apply_bounds(
-            delayed_floor(history, now, p.scale_down_delay_s), p.min_replicas, p.max_replicas
-        )
+        delayed = rails.bound(rails.delay_floor(history, now))
         if panic:
             reason = "hold_panic"
         elif ctx.starting_replicas > 0:
@@ -476,7 +379,7 @@ def decide(ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
             step = max(p.scale_down_max_step, math.floor(current * p.scale_down_max_fraction))
             desired = limit_scale_down(current, max(raw, delayed), max_step=step)
             reason = "scale_down"
-    desired = apply_bounds(desired, p.min_replicas, p.max_replicas)
+    desired = rails.bound(desired)
     if desired > current:
         last_up = now
     elif desired < current:
@@ -509,52 +412,14 @@ def decide(ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
 class FleetgateAutoscaler:
     """:func:`decide` with a fixed policy, behind the common :class:`Autoscaler` interface."""
 
-    policy: AutoscalePolicy = AutoscalePolicy()
+    policy: AutoscalePolicy = _DEFAULT_POLICY
     name: str = "fleetgate"
 
     def decide(self, ctx: AutoscaleContext) -> tuple[int, AutoscaleState]:
         return decide(replace(ctx, policy=self.policy))
 
-
-def build_autoscaler(name: str, params: Mapping[str, Any] | None = None) -> Autoscaler:
-    """Build ``static``, ``kpa`` or ``fleetgate`` by name (baselines: ``core.autoscale_baselines``)."""
-    from fleetgate.core.autoscale_baselines import build_autoscaler as _build
-
-    return _build(name, params)
-
-
-class DemandMeter:
-    """MU demand of one deployment as the autoscaler reads it: settled MU over a sliding window plus MU in
-    flight. The gateway calls :meth:`start` at dispatch and :meth:`finish` at settle (with the real cost);
-    times come in as arguments. Settled amounts are kept in one-second buckets, so memory stays bounded."""
-
-    def __init__(self, window_s: float = 60.0) -> None:
-        if window_s <= 0:
-            raise ValueError("window_s must be > 0")
-        self.window_s = window_s
-        self.inflight_mu = 0.0
-        self.inflight_requests = 0
-        self._buckets: dict[int, float] = {}
-
-    def start(self, estimate_mu: float) -> None:
-        self.inflight_mu += max(0.0, estimate_mu)
-        self.inflight_requests += 1
-
-    def finish(self, estimate_mu: float, actual_mu: float, now_s: float) -> None:
-        """A request ended: its estimate leaves the in-flight sum, its real cost joins the settled window."""
-        self.inflight_mu = max(0.0, self.inflight_mu - max(0.0, estimate_mu))
-        self.inflight_requests = max(0, self.inflight_requests - 1)
-        if actual_mu > 0:
-            key = math.floor(now_s)
-            self._buckets[key] = self._buckets.get(key, 0.0) + actual_mu
-        self._prune(now_s)
-
-    def _prune(self, now_s: float) -> None:
-        oldest = math.floor(now_s - self.window_s)
-        for key in [k for k in self._buckets if k <= oldest]:
-            del self._buckets[key]
-
-    def settled_mu_per_min(self, now_s: float) -> float:
-        """MU settled in the window, scaled to a per-minute rate."""
-        self._prune(now_s)
-        return sum(self._buckets.values()) * 60.0 / self.window_s
+    def summary(self, ctx: AutoscaleContext, state: Any) -> AutoscaleSummary:
+        """The demand it scaled on (its in-flight term), not the context's plain sum."""
+        if isinstance(state, AutoscaleState):
+            return AutoscaleSummary(state.demand_mu_per_min, state.utilisation, state.panic, state.reason)
+        return context_summary(ctx)
