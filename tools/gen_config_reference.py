@@ -75,11 +75,10 @@ def _variants(annotation: Any) -> list[type[BaseModel]]:
 
 
 def _tag(model: type[BaseModel]) -> str:
-    """``policy: kpa`` for a plug-in Params model whose first field is a one-value Literal (its type name)."""
+    """``policy: kpa`` for a plug-in variant: its one-value Literal field is the tag naming the type."""
     for name, field in model.model_fields.items():
         if get_origin(field.annotation) is Literal and len(get_args(field.annotation)) == 1:
             return f"{name}: {get_args(field.annotation)[0]}"
-        break
     return model.__name__
 
 

@@ -13,7 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fleetgate.core.autoscale.registry import AutoscalerParams
+from fleetgate.core.autoscale.registry import AutoscalerConfig
+from fleetgate.engines.dialects import EngineKind
 
 ENV_PREFIX = "FLEETGATE__"
 
@@ -63,11 +64,18 @@ class DeploymentConfig(_Strict):
         description="Bearer key the gateway sends to the engines (e.g. vLLM --api-key); clients' keys are "
         "never forwarded.",
     )
+    engine: EngineKind | None = Field(
+        default=None,
+        description="Engine dialect of the replicas (`engines.dialects`): its metric names, request "
+        "priority field, probe and health path. `openai` is any other OpenAI-compatible server. Unset: "
+        "metric names are detected from /metrics; requests and probes are as for `openai`.",
+    )
     engine_priority: bool = Field(
         default=False,
-        description="Forward the tenant's priority class to the engine's `priority` request field (lower "
-        "is served first). The engines must support it: vLLM needs `--scheduling-policy priority`, the "
-        "simulated engine honours it; engines that reject unknown fields must leave this off.",
+        description="Forward the tenant's priority class to the engine's `priority` request field, in "
+        "the engine's own order (vLLM: lower first, needs `--scheduling-policy priority`; SGLang: higher "
+        "first, needs `--enable-priority-scheduling`; the simulated engine always honours it, llama.cpp "
+        "takes none). Health probes then carry the highest priority too.",
     )
 
     @model_validator(mode="after")
@@ -239,7 +247,7 @@ class LocalConfig(_Strict):
     )
     ready_timeout_s: float = Field(default=60.0, gt=0, description="Longest wait for a replica to be ready.")
     stop_timeout_s: float = Field(default=5.0, gt=0, description="SIGTERM-to-SIGKILL delay when stopping.")
-    autoscaler: AutoscalerParams | None = Field(
+    autoscaler: AutoscalerConfig | None = Field(
         default=None,
         description="Autoscale the local replicas: the policy and its parameters, e.g. `{policy: fleetgate, "
         "min_replicas: 1, max_replicas: 4}` (none: keep --replicas fixed). The older form `autoscaler: NAME` "

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from fleetgate.config import DeploymentConfig, FleetgateConfig, ReplicaConfig
 from fleetgate.core.types import RandomSource
 from fleetgate.engines.client import UpstreamClient
+from fleetgate.engines.dialects import dialect
 from fleetgate.engines.metrics import EngineSignals
 from fleetgate.engines.scraper import MetricsScraper
 from fleetgate.gateway.admission import Admission, OpenAdmission
@@ -152,6 +153,8 @@ def attach_health(server: GatewayServer, remediators: Mapping[str, Any] | None =
         remediator = (remediators or {}).get(model)
         monitor = HealthMonitor(
             model=deployment.upstream_model,
+            dialect=dialect(deployment.config.engine),
+            engine_priority=deployment.config.engine_priority,
             policy=HealthPolicy(remediate=remediator is not None),
             remediator=remediator,
             initial_state=HealthState.HEALTHY,
@@ -374,6 +377,8 @@ def _up_config(cfg: FleetgateConfig, model: str, infos: Sequence[ReplicaInfo]) -
     existing = cfg.deployment(model)
     if cfg.local.command is None and (existing is None or existing.cost_profile is None):
         update["cost_profile"] = SIM_COST_PROFILE  # fitted to the simulated engine's default perf model
+    if cfg.local.command is None and (existing is None or existing.engine is None):
+        update["engine"] = "sim"  # its dialect: vLLM's metric names, always takes a priority
     if existing is not None:
         deployment = existing.model_copy(update=update)
     else:

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 from prometheus_client import generate_latest
 
+from fleetgate.config import DeploymentConfig
 from fleetgate.core.openai import parse_request
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.types import Priority
@@ -18,10 +19,13 @@ from fleetgate.gateway.proxy import ENGINE_PRIORITY, Proxy, _uses_prefix_hashes
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi " * 40}], "stream": True, "priority": -99}
 
 
-def _upstream(engine_priority: bool | None, priority: Priority) -> tuple[dict[str, Any] | None, bool]:
-    config = SimpleNamespace(model="m")
-    if engine_priority is not None:
-        config.engine_priority = engine_priority
+def _upstream(
+    engine_priority: bool | None, priority: Priority, engine: str | None = None
+) -> tuple[dict[str, Any] | None, bool]:
+    config = DeploymentConfig.model_validate(
+        {"model": "m", "engine": engine}
+        | ({} if engine_priority is None else {"engine_priority": engine_priority})
+    )
     deployment: Any = SimpleNamespace(upstream_model="m", config=config)
     proxy: Any = SimpleNamespace(images=None, config=SimpleNamespace(stream_usage=False))
     parsed = parse_request(BODY, "chat")
@@ -42,6 +46,16 @@ def test_engine_priority_maps_tenant_class_vllm_semantics() -> None:
     assert body is not None and body["priority"] == 10
     order = [Priority.PROBE, Priority.INTERACTIVE, Priority.BATCH, Priority.BEST_EFFORT]
     assert [ENGINE_PRIORITY[p] for p in order] == sorted(ENGINE_PRIORITY[p] for p in order)
+
+
+def test_engine_priority_in_each_dialects_order() -> None:
+    """SGLang serves higher values first; llama.cpp takes no priority (the client's bytes are forwarded)."""
+    hi, _ = _upstream(True, Priority.INTERACTIVE, "sglang")
+    lo, _ = _upstream(True, Priority.BEST_EFFORT, "sglang")
+    assert hi is not None and lo is not None and hi["priority"] > lo["priority"]
+    assert _upstream(True, Priority.INTERACTIVE, "llamacpp") == (None, False)
+    sim, _ = _upstream(True, Priority.INTERACTIVE, "sim")
+    assert sim is not None and sim["priority"] == -10
 
 
 def test_prefix_hashes_only_for_policies_that_read_them() -> None:

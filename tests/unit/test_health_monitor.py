@@ -1,5 +1,6 @@
 """HealthMonitor details that need an HTTP peer with specific behaviour: an in-process aiohttp stand-in for
-vLLM's answer to ``priority`` without ``--scheduling-policy priority`` (vLLM itself cannot run here), and the
+vLLM's answer to ``priority`` without ``--scheduling-policy priority`` (vLLM itself cannot run here; the
+probe body follows the engine dialect), and the
 ``/livez`` routes. The fault suite against real simulated-engine processes is in tests/integration."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from fleetgate.core.types import HealthState
+from fleetgate.engines.dialects import dialect
 from fleetgate.health import HealthMonitor, add_livez_routes
 from fleetgate.health.monitor import reason_kind
 
@@ -44,18 +46,34 @@ async def engine_url() -> AsyncIterator[tuple[Engine, str]]:
         await server.close()
 
 
-async def test_probe_shape_and_priority_fallback(engine_url: tuple[Engine, str]) -> None:
+async def test_probe_body_follows_the_engine_dialect(engine_url: tuple[Engine, str]) -> None:
+    """The dialect decides: no priority for vLLM without `engine_priority` (one request, no 400 and retry),
+    -100 when the deployment says the engine runs priority scheduling, always for the simulated engine."""
     eng, url = engine_url
-    mon = HealthMonitor(model="m", registry=CollectorRegistry())
+    mon = HealthMonitor(model="m", registry=CollectorRegistry(), dialect=dialect("vllm"))
     mon.set_replicas({"r": url})
     try:
         res = await mon.probe("r")
         assert res.ok, res
-        first, second = eng.bodies
-        assert first["priority"] == -100 and first["max_tokens"] == 1 and first["model"] == "m"
-        assert "priority" not in second
-        await mon.probe("r")
-        assert "priority" not in eng.bodies[-1]  # remembered
+        (body,) = eng.bodies
+        assert "priority" not in body and body["max_tokens"] == 1 and body["model"] == "m"
+    finally:
+        await mon.stop()
+    for kind, engine_priority in (("vllm", True), ("sim", False)):
+        mon = HealthMonitor(
+            model="m", registry=CollectorRegistry(), dialect=dialect(kind), engine_priority=engine_priority
+        )
+        mon.set_replicas({"r": url})
+        try:
+            res = await mon.probe("r")
+            assert eng.bodies[-1]["priority"] == -100
+            assert not res.ok and res.error == "http_400"  # this stand-in rejects the field: a failed probe
+        finally:
+            await mon.stop()
+    mon = HealthMonitor(model="m", dialect=dialect("llamacpp"), engine_priority=True)
+    mon.set_replicas({"r": url})
+    try:
+        assert (await mon.probe("r")).ok and "priority" not in eng.bodies[-1]
     finally:
         await mon.stop()
 

@@ -25,23 +25,14 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetgate.core.autoscale import AutoscaleContext, DemandMeter, ReportingAutoscaler
+from fleetgate.providers.base import ReplicaCounts, ReplicaProvider, ReplicaStatus
 
 log = logging.getLogger("fleetgate.autoscaler")
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaCounts:
-    """What the provider reports: its current target, replicas ready (healthy) and still starting."""
-
-    current: int
-    ready: int
-    starting: int = 0
 
 
 class ScaleTarget(Protocol):
@@ -95,10 +86,9 @@ class AutoscalerMetrics:
         )
 
 
-def provider_counts(provider: Any, routable: Callable[[str], bool] | None = None) -> CountsFn:
+def provider_counts(provider: ReplicaProvider, routable: Callable[[str], bool] | None = None) -> CountsFn:
     """Counts from a ``providers.base.ReplicaProvider``: ``list()`` statuses, optionally narrowed by health
     (``routable(name)``, e.g. ``HealthMonitor.routable``) so that unhealthy replicas count as not ready."""
-    from fleetgate.providers.base import ReplicaStatus
 
     async def counts() -> ReplicaCounts:
         reps = await provider.list()

@@ -1,7 +1,8 @@
 """Prometheus text parsing and the engine signals the router and prober read.
 
-Engines name the same facts differently; ``engine_signals`` maps each engine's real metric names (vLLM
-``vllm:``, SGLang ``sglang:``, llama.cpp ``llamacpp:``) onto one small record. Values summed over label sets
+Engines name the same facts differently; ``engine_signals`` maps each engine's real metric names (declared
+by its dialect in ``engines.dialects``: vLLM ``vllm:``, SGLang ``sglang:``, llama.cpp ``llamacpp:``) onto one
+small record. Values summed over label sets
 (vLLM labels data-parallel ranks with ``engine``), except KV usage, which takes the fullest rank.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from fleetgate.engines.dialects import EngineDialect, detect
 
 Sample = tuple[dict[str, str], float]
 Parsed = dict[str, list[Sample]]
@@ -120,47 +123,29 @@ def _maximum(parsed: Mapping[str, Sequence[Sample]], *names: str) -> float | Non
     return None
 
 
-def engine_signals(parsed: Mapping[str, Sequence[Sample]]) -> EngineSignals:
-    """Map one engine's parsed metrics onto ``EngineSignals`` (vLLM, SGLang or llama.cpp names)."""
-    if any(name.startswith("vllm:") for name in parsed):
-        return EngineSignals(
-            waiting=_total(parsed, "vllm:num_requests_waiting"),
-            running=_total(parsed, "vllm:num_requests_running"),
-            # v1 name first, then the v0 name
-            kv_usage=_maximum(parsed, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-            prefix_queries=_total(
-                parsed, "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"
-            ),
-            prefix_hits=_total(parsed, "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-            generation_tokens=_total(parsed, "vllm:generation_tokens_total"),
-            engine="vllm",
-        )
-    if any(name.startswith("sglang:") for name in parsed):
-        queries = _total(parsed, "sglang:prompt_tokens_total")
-        hits = _total(parsed, "sglang:cached_tokens_total")
-        if hits is None and queries is not None:
-            rate = _maximum(parsed, "sglang:cache_hit_rate")
-            hits = None if rate is None else rate * queries
-        return EngineSignals(
-            waiting=_total(parsed, "sglang:num_queue_reqs"),
-            running=_total(parsed, "sglang:num_running_reqs"),
-            kv_usage=_maximum(parsed, "sglang:token_usage"),
-            prefix_queries=queries,
-            prefix_hits=hits,
-            generation_tokens=_total(parsed, "sglang:generation_tokens_total"),
-            engine="sglang",
-        )
-    if any(name.startswith("llamacpp:") for name in parsed):
-        return EngineSignals(
-            waiting=_total(parsed, "llamacpp:requests_deferred"),
-            running=_total(parsed, "llamacpp:requests_processing"),
-            kv_usage=_maximum(parsed, "llamacpp:kv_cache_usage_ratio"),
-            prefix_queries=_total(parsed, "llamacpp:prompt_tokens_total"),
-            prefix_hits=_total(parsed, "llamacpp:prompt_tokens_cached_total"),
-            generation_tokens=_total(parsed, "llamacpp:tokens_predicted_total"),
-            engine="llamacpp",
-        )
-    return EngineSignals()
+def engine_signals(
+    parsed: Mapping[str, Sequence[Sample]], dialect: EngineDialect | None = None
+) -> EngineSignals:
+    """Map one engine's parsed metrics onto ``EngineSignals`` with its dialect's metric names (detected from
+    the series' prefix when not given or when the dialect has none; no known prefix: an empty record)."""
+    d = dialect if dialect is not None and dialect.metrics.prefix is not None else detect(parsed)
+    if d is None or d.metrics.prefix is None:
+        return EngineSignals()
+    names = d.metrics
+    queries = _total(parsed, *names.prefix_queries)
+    hits = _total(parsed, *names.prefix_hits)
+    if hits is None and queries is not None and names.prefix_hit_rate:
+        rate = _maximum(parsed, *names.prefix_hit_rate)
+        hits = None if rate is None else rate * queries
+    return EngineSignals(
+        waiting=_total(parsed, *names.waiting),
+        running=_total(parsed, *names.running),
+        kv_usage=_maximum(parsed, *names.kv_usage),
+        prefix_queries=queries,
+        prefix_hits=hits,
+        generation_tokens=_total(parsed, *names.generation_tokens),
+        engine=d.name,
+    )
 
 
 def hit_rate(

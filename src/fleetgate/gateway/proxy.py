@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
@@ -43,6 +43,8 @@ from fleetgate.core.openai import (
 )
 from fleetgate.core.types import Priority, RandomSource, RequestInfo, Usage
 from fleetgate.engines.client import UpstreamClient
+from fleetgate.engines.dialects import dialect
+from fleetgate.engines.dialects.base import LOW_FIRST
 from fleetgate.gateway.admission import (
     Admission,
     OpenAdmission,
@@ -70,14 +72,9 @@ log = logging.getLogger("fleetgate.gateway")
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
-#: Tenant priority class -> the engine's request ``priority`` (vLLM semantics: lower runs first, default 0),
-#: sent only for deployments with ``engine_priority: true`` (vLLM ``--scheduling-policy priority``).
-ENGINE_PRIORITY: dict[Priority, int] = {
-    Priority.PROBE: -20,
-    Priority.INTERACTIVE: -10,
-    Priority.BATCH: 0,
-    Priority.BEST_EFFORT: 10,
-}
+#: Tenant class -> the request ``priority`` of vLLM-like engines (lower runs first); each engine's own
+#: table is its dialect's (``engines.dialects``), sent only for deployments with ``engine_priority: true``.
+ENGINE_PRIORITY: Mapping[Priority, int] = LOW_FIRST
 
 #: Called after every attempt: (deployment, replica, ok, now). For the prober's evidence of progress.
 ResultListener = Callable[[str, str, bool, float], None]
@@ -261,9 +258,11 @@ class Proxy:
         if parsed.stream and not parsed.include_usage and self.config.stream_usage:
             body = with_stream_usage(body or parsed.body)
             strip = True
-        if info is not None and getattr(deployment.config, "engine_priority", False):
+        if info is not None and deployment.config.engine_priority:
             # the tenant's class, never the client's own "priority" field (no queue jumping)
-            body = {**(body or parsed.body), "priority": ENGINE_PRIORITY[info.priority]}
+            value = dialect(deployment.config.engine).request_priority(info.priority, True)
+            if value is not None:
+                body = {**(body or parsed.body), "priority": value}
         return (orjson.dumps(body) if body is not None else None), strip
 
     async def _dispatch(

@@ -10,9 +10,10 @@ Wiring (done by the composition root, ``runtime.py``)::
     ...  # gateway: monitor.observe_request(name, ok); scraper: monitor.observe_progress(name, counter)
     await monitor.stop()
 
-Probes go straight to the engine (so they never wait in the gateway's admission queue) and carry the engine's
-priority field (vLLM: lower value = served first; needs ``--scheduling-policy priority``; an engine that
-rejects the field is probed without it from then on).
+Probes go straight to the engine (so they never wait in the gateway's admission queue). Their body comes from
+the deployment's engine dialect (``engines.dialects``): they carry the engine's priority field, ahead of all
+traffic, where the engine takes one (the simulated engine always; vLLM and SGLang when the deployment sets
+``engine_priority``, i.e. the engine runs with priority scheduling; llama.cpp never).
 """
 
 from __future__ import annotations
@@ -32,11 +33,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fleetgate.core.health import HealthEvent, HealthPolicy, ProbeNow, Remediate, ReplicaHealth, Transition
 from fleetgate.core.types import HealthState
+from fleetgate.engines.dialects import EngineDialect
+from fleetgate.engines.dialects.base import PROBE_PRIORITY_LOW_FIRST
+from fleetgate.engines.dialects.openai import OPENAI
+from fleetgate.engines.metrics import engine_signals, parse_prometheus_text
 
 log = logging.getLogger("fleetgate.health")
 
 #: vLLM's priority scheduling serves the lowest value first; probes go ahead of everything.
-PROBE_PRIORITY = -100
+PROBE_PRIORITY = PROBE_PRIORITY_LOW_FIRST
 
 _PROBE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -115,8 +120,9 @@ class HealthMonitor:
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.monotonic,
         tick_s: float = 0.1,
-        probe_path: str = "/v1/completions",
-        probe_priority: int | None = PROBE_PRIORITY,
+        probe_path: str | None = None,
+        dialect: EngineDialect = OPENAI,
+        engine_priority: bool = False,
         initial_state: HealthState = HealthState.STARTING,
         scrape_interval_s: float | None = None,
         action: str = "restart",
@@ -132,14 +138,14 @@ class HealthMonitor:
         self._own_session = session is None
         self.clock = clock
         self.tick_s = tick_s
-        self.probe_path = probe_path
-        self.probe_priority = probe_priority
+        self.dialect = dialect
+        self.engine_priority = engine_priority
+        self.probe_path = probe_path if probe_path is not None else dialect.probe_path
         self.initial_state = initial_state
         self.scrape_interval_s = scrape_interval_s
         self.action = action
         self._urls: dict[str, str] = {}
         self._health: dict[str, ReplicaHealth] = {}
-        self._no_priority: set[str] = set()
         self._last_scrape: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._per_replica: dict[str, set[asyncio.Task[None]]] = {}
@@ -170,7 +176,6 @@ class HealthMonitor:
     def _drop(self, name: str) -> None:
         self._health.pop(name, None)
         self._urls.pop(name, None)
-        self._no_priority.discard(name)
         for task in self._per_replica.pop(name, set()):
             task.cancel()
         self.metrics.forget(name)
@@ -323,24 +328,14 @@ class HealthMonitor:
     # -- probes, scrapes, remediation ----------------------------------------------------------------------
 
     async def probe(self, name: str) -> ProbeResult:
-        """One minimal end-to-end request: 1 output token, highest priority, bounded by the probe timeout."""
+        """One minimal end-to-end request: 1 output token, highest priority where the engine takes one,
+        bounded by the probe timeout."""
         url = self._urls[name] + self.probe_path
-        body: dict[str, Any] = {"model": self.model, "max_tokens": 1, "temperature": 0.0, "stream": False}
-        if self.probe_path.endswith("/chat/completions"):
-            body["messages"] = [{"role": "user", "content": "ping"}]
-        else:
-            body["prompt"] = "ping"
-        if self.probe_priority is not None and name not in self._no_priority:
-            body["priority"] = self.probe_priority
+        body = self.dialect.probe_body(self.model, self.engine_priority, self.probe_path)
         start = self.clock()
         try:
             async with asyncio.timeout(self.policy.probe_timeout_s):
                 status, text = await self._post(url, body)
-                if status == 400 and "priority" in text.lower() and "priority" in body:
-                    # Engine without priority scheduling: remember and ask again without the field.
-                    self._no_priority.add(name)
-                    body.pop("priority")
-                    status, text = await self._post(url, body)
         except TimeoutError:
             return ProbeResult(False, self.clock() - start, "timeout")
         except aiohttp.ClientConnectorError:
@@ -380,8 +375,6 @@ class HealthMonitor:
             self._handle(name, rh.on_probe(self.clock(), res.ok, res.latency_s, res.error))
 
     async def _scrape(self, name: str) -> None:
-        from fleetgate.engines.metrics import engine_signals, parse_prometheus_text
-
         url = self._urls.get(name)
         if url is None:
             return
@@ -392,7 +385,7 @@ class HealthMonitor:
                 text = await resp.text()
         except (TimeoutError, aiohttp.ClientError, OSError):
             return  # a failed scrape is no evidence either way; probes decide
-        sig = engine_signals(parse_prometheus_text(text))
+        sig = engine_signals(parse_prometheus_text(text), self.dialect)
         counter = (sig.generation_tokens or 0.0) + (sig.prefix_queries or 0.0)
         if sig.generation_tokens is not None or sig.prefix_queries is not None:
             self.observe_progress(name, counter)

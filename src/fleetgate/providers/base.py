@@ -31,6 +31,16 @@ class ReplicaInfo:
 
 ReplicaList = list[ReplicaInfo]
 
+
+@dataclass(frozen=True, slots=True)
+class ReplicaCounts:
+    """What a provider reports to the autoscaler: its target, replicas ready (healthy) and still starting."""
+
+    current: int
+    ready: int
+    starting: int = 0
+
+
 #: Told the provider's current replica list after every change (the runtime syncs the gateway's fleet).
 ChangeListener = Callable[[Sequence[ReplicaInfo]], None]
 #: Asked to drain a replica before it is stopped: stop routing to it, wait for its in-flight requests.

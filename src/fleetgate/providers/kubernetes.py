@@ -30,7 +30,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from fleetgate.autoscaler.loop import ReplicaCounts
+from fleetgate.providers.base import ReplicaCounts
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"

@@ -40,7 +40,7 @@ from fleetgate.core.autoscale.rails import (
 from fleetgate.core.autoscale.registry import (
     AUTOSCALER_NAMES,
     AUTOSCALERS,
-    AutoscalerParams,
+    AutoscalerConfig,
     autoscaler_from,
     autoscaler_params,
     build_autoscaler,
@@ -55,7 +55,7 @@ __all__ = [
     "AutoscaleState",
     "AutoscaleSummary",
     "Autoscaler",
-    "AutoscalerParams",
+    "AutoscalerConfig",
     "DemandMeter",
     "FleetgateAutoscaler",
     "KpaAutoscaler",

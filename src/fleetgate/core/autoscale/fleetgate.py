@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from fleetgate.core.autoscale.base import (
     EPS,
@@ -54,16 +54,14 @@ from fleetgate.core.autoscale.base import (
     window_slope,
 )
 from fleetgate.core.autoscale.rails import Rails, in_cooldown, limit_scale_down, limit_scale_up
+from fleetgate.core.plugins import PluginParams
 
 _EPS = EPS
 
 
-class AutoscalePolicy(BaseModel):
-    """Parameters of the fleetgate autoscaler (its ``Params``); defaults documented in docs/autoscaling.md."""
+class AutoscalePolicy(PluginParams):
+    """fleetgate's MU-demand autoscaler (its Params); defaults documented in docs/autoscaling.md."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    policy: Literal["fleetgate"] = Field(default="fleetgate", description="MU-demand autoscaler.")
     target_utilisation: float = Field(default=0.7, description="Target MU use of each replica, in (0, 1].")
     min_replicas: int = Field(default=1, description="Fewest replicas (0 allowed: scale to zero).")
     max_replicas: int = Field(default=1024, description="Most replicas.")

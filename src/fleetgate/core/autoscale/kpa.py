@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from fleetgate.core.autoscale.base import (
     EPS,
@@ -30,6 +30,7 @@ from fleetgate.core.autoscale.base import (
     window_mean,
 )
 from fleetgate.core.autoscale.rails import Rails
+from fleetgate.core.plugins import PluginParams
 
 _EPS = EPS
 
@@ -47,12 +48,9 @@ class KpaState:
     reason: str = "init"
 
 
-class KpaAutoscaler(BaseModel):
+class KpaAutoscaler(PluginParams):
     """Knative Pod Autoscaler, concurrency mode: target in-flight requests per replica (its own Params)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    policy: Literal["kpa"] = Field(default="kpa", description="Knative-style concurrency target.")
     target_concurrency: float = Field(default=100.0, gt=0, description="In-flight requests per replica.")
     target_utilisation: float = Field(default=0.7, gt=0, le=1, description="Share of the target used.")
     stable_window_s: float = Field(default=60.0, description="Window of the mean concurrency (s).")
@@ -74,7 +72,7 @@ class KpaAutoscaler(BaseModel):
 
     @property
     def name(self) -> str:
-        return self.policy
+        return "kpa"
 
     @property
     def rails(self) -> Rails:

@@ -1,30 +1,22 @@
-"""Every autoscaler by name, with its typed ``Params``: the one place a new autoscaler is registered.
+"""Every autoscaler by name, with its typed Params: the one place a new autoscaler is registered.
 
-An entry is (factory, Params): config validates a policy's parameters through its Params (a discriminated
-union on ``policy``, :data:`AutoscalerParams`), and the factory turns validated Params into the autoscaler.
+Built on the shared plug-in registry (``core.plugins``): config validates an autoscaler through
+:data:`AutoscalerConfig` (a discriminated union on ``policy``: ``{policy: kpa, target_concurrency: 8}``) and
+the factory turns the validated Params into the autoscaler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from fleetgate.core.autoscale.base import ReportingAutoscaler
 from fleetgate.core.autoscale.fleetgate import AutoscalePolicy, FleetgateAutoscaler
 from fleetgate.core.autoscale.kpa import KpaAutoscaler
 from fleetgate.core.autoscale.static import StaticAutoscaler, StaticParams
-
-
-@dataclass(frozen=True, slots=True)
-class AutoscalerEntry:
-    """How to build one autoscaler: its validated ``Params`` -> the autoscaler."""
-
-    factory: Callable[[Any], ReportingAutoscaler]
-    params: type[BaseModel]
+from fleetgate.core.plugins import Registry
 
 
 def _static(p: StaticParams) -> ReportingAutoscaler:
@@ -39,37 +31,33 @@ def _fleetgate(p: AutoscalePolicy) -> ReportingAutoscaler:
     return FleetgateAutoscaler(policy=p)
 
 
-AUTOSCALERS: Mapping[str, AutoscalerEntry] = MappingProxyType(
-    {
-        "static": AutoscalerEntry(_static, StaticParams),
-        "kpa": AutoscalerEntry(_kpa, KpaAutoscaler),
-        "fleetgate": AutoscalerEntry(_fleetgate, AutoscalePolicy),
-    }
-)
-AUTOSCALER_NAMES: tuple[str, ...] = tuple(AUTOSCALERS)
+#: Filled here, at import, and never changed afterwards.
+AUTOSCALERS: Registry[ReportingAutoscaler] = Registry("autoscaler")
+AUTOSCALERS.add("static", StaticParams, _static)
+AUTOSCALERS.add("kpa", KpaAutoscaler, _kpa)
+AUTOSCALERS.add("fleetgate", AutoscalePolicy, _fleetgate)
+AUTOSCALER_NAMES: tuple[str, ...] = AUTOSCALERS.names()
 
-#: The typed ``autoscaler`` config value: one of the registered Params, chosen by its ``policy`` key.
-AutoscalerParams = Annotated[AutoscalePolicy | KpaAutoscaler | StaticParams, Field(discriminator="policy")]
+#: The typed ``autoscaler`` config value: one autoscaler's Params plus ``policy: <name>``.
+AutoscalerConfig: Any = AUTOSCALERS.union(tag="policy", suffix="AutoscalerConfig")
 
 
-def autoscaler_params(name: str, params: Mapping[str, Any] | None = None) -> BaseModel:
-    """Validate ``params`` for the autoscaler ``name``; unknown names and keys are errors."""
-    entry = AUTOSCALERS.get(name)
-    if entry is None:
-        raise ValueError(f"unknown autoscaler {name!r}; choose one of {', '.join(AUTOSCALER_NAMES)}")
-    given = {k: v for k, v in (params or {}).items() if k != "policy"}
-    unknown = sorted(set(given) - set(entry.params.model_fields))
-    if unknown:
-        raise ValueError(f"unknown {name} autoscaler parameter(s): {', '.join(unknown)}")
-    return entry.params.model_validate(given)
+def autoscaler_params(name: str, params: BaseModel | Mapping[str, Any] | None = None) -> BaseModel:
+    """``params`` validated for the autoscaler ``name``; unknown names and keys are errors."""
+    model = AUTOSCALERS.get(name).params
+    if params is not None and not isinstance(params, BaseModel):
+        unknown = sorted(set(params) - set(model.model_fields))
+        if unknown:
+            raise ValueError(f"unknown {name} autoscaler parameter(s): {', '.join(unknown)}")
+    return AUTOSCALERS.params(name, params)
 
 
-def autoscaler_from(params: BaseModel) -> ReportingAutoscaler:
-    """The autoscaler of validated Params (their ``policy`` names the entry)."""
-    name = str(params.model_dump(include={"policy"})["policy"])
-    return AUTOSCALERS[name].factory(params)
+def autoscaler_from(config: Any) -> ReportingAutoscaler:
+    """The autoscaler of a validated :data:`AutoscalerConfig` value (its ``policy`` names the entry)."""
+    name = str(config.policy)
+    return AUTOSCALERS.build(name, autoscaler_params(name, config))
 
 
 def build_autoscaler(name: str, params: Mapping[str, Any] | None = None) -> ReportingAutoscaler:
     """``static`` (peak provisioning), ``kpa`` (Knative-style concurrency target) or ``fleetgate`` (MU)."""
-    return autoscaler_from(autoscaler_params(name, params))
+    return AUTOSCALERS.build(name, autoscaler_params(name, params))

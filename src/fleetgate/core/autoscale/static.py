@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from fleetgate.core.autoscale.base import (
     AutoscaleContext,
@@ -15,14 +15,13 @@ from fleetgate.core.autoscale.base import (
     replicas_for,
 )
 from fleetgate.core.autoscale.rails import Rails
+from fleetgate.core.plugins import PluginParams
 
 
-class StaticParams(BaseModel):
-    """``replicas``, or ``peak_mu_per_min`` with ``capacity_mu_per_min`` and ``target_utilisation``."""
+class StaticParams(PluginParams):
+    """A fixed count (peak provisioning): ``replicas``, or ``peak_mu_per_min`` with ``capacity_mu_per_min``
+    and ``target_utilisation``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    policy: Literal["static"] = Field(default="static", description="A fixed count (peak provisioning).")
     replicas: int | None = Field(default=None, description="The count to run.")
     peak_mu_per_min: float | None = Field(default=None, description="Or: size for this peak demand ...")
     capacity_mu_per_min: float = Field(default=100.0, description="... at this capacity per replica ...")

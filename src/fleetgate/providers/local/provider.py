@@ -1,22 +1,20 @@
 """Engine replicas as local child processes (the embedded default, tests, single-machine fleets).
 
-Each replica runs in its own process group (``start_new_session``) so that stopping it kills the whole tree
-(an engine may fork workers), and on Linux asks the kernel to SIGTERM it if fleetgate itself dies
-(``PR_SET_PDEATHSIG``): no orphans even after ``kill -9`` of the parent. A replica is ready when it prints
-``... ready on http://HOST:PORT`` (the simulated engine's line) or, for other commands with a known port, when
-``GET {url}{health_path}`` answers 200. Restarts reuse the replica's port, so its address stays the same.
+Processes are started and stopped through ``process.py`` (own process group, ``PR_SET_PDEATHSIG``), all with
+asyncio: nothing here blocks the event loop. A replica is ready when it prints ``... ready on
+http://HOST:PORT`` (the simulated engine's line) or, for other commands with a known port, when
+``GET {url}{health_path}`` answers 200 (the engine dialect's health path). Restarts reuse the replica's port,
+so its address stays the same.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import re
 import signal
-import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from fleetgate.providers.base import (
     ReplicaList,
     ReplicaStatus,
 )
+from fleetgate.providers.local.process import die_with_parent, free_port, signal_group
 
 log = logging.getLogger("fleetgate.providers.local")
 
@@ -51,22 +50,6 @@ def sim_engine_command(extra_args: Sequence[str] = ()) -> list[str]:
         "{model}",
         *extra_args,
     ]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (for commands that cannot bind port 0 and report it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
 
 
 @dataclass(slots=True)
@@ -223,7 +206,7 @@ class LocalProcessProvider:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})},
         )
         proc.reader = asyncio.create_task(self._read_output(proc), name=f"replica-output-{name}")
@@ -283,21 +266,16 @@ class LocalProcessProvider:
         process = proc.process
         proc.status = ReplicaStatus.STOPPED
         if process is not None and process.returncode is None:
-            _signal_group(process.pid, signal.SIGTERM)
+            signal_group(process.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(process.wait(), self.stop_timeout_s)
             except TimeoutError:
-                _signal_group(process.pid, signal.SIGKILL)
+                signal_group(process.pid, signal.SIGKILL)
                 await process.wait()
         if process is not None:
-            _signal_group(process.pid, signal.SIGKILL)  # stragglers the engine forked, if any
+            signal_group(process.pid, signal.SIGKILL)  # stragglers the engine forked, if any
         if proc.reader is not None:
             proc.reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await proc.reader
         proc.process = None
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)

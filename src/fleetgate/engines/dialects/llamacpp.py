@@ -1,0 +1,18 @@
+"""llama.cpp's ``llama-server``: ``llamacpp:`` metrics (with ``--metrics``); no request priority (its slots
+are served first come, first served); cached prompt tokens in OpenAI's usage field."""
+
+from fleetgate.engines.dialects.base import EngineDialect, MetricNames
+
+LLAMACPP = EngineDialect(
+    name="llamacpp",
+    metrics=MetricNames(
+        prefix="llamacpp:",
+        waiting=("llamacpp:requests_deferred",),
+        running=("llamacpp:requests_processing",),
+        kv_usage=("llamacpp:kv_cache_usage_ratio",),
+        prefix_queries=("llamacpp:prompt_tokens_total",),
+        prefix_hits=("llamacpp:prompt_tokens_cached_total",),
+        generation_tokens=("llamacpp:tokens_predicted_total",),
+    ),
+    priority=None,
+)
