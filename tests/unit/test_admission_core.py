@@ -121,9 +121,35 @@ def test_headers_on_admission() -> None:
     d = la.submit(gold, req("a", "gold", cost=3.0), 0.0)
     assert d is not None and d.allowed
     h = decision_headers(d)
-    assert h["x-ratelimit-limit-requests"] == "120" and h["x-ratelimit-remaining-requests"] == "119"
-    assert h["x-ratelimit-limit-tokens"] == "60" and h["x-ratelimit-remaining-tokens"] == "57"
-    assert h["x-ratelimit-reset-tokens"] == "3s" and h["x-ratelimit-reset-requests"] == "500ms"
+    # requests: no burst, so the next one passes only after 0.5 s: none may be sent now (not 119)
+    assert h["x-ratelimit-limit-requests"] == "120" and h["x-ratelimit-remaining-requests"] == "0"
+    assert h["x-ratelimit-reset-requests"] == "500ms"
+    # no tokens-per-minute limit: model units appear only under -mu, never as "tokens"
+    assert h["x-ratelimit-limit-mu"] == "60" and h["x-ratelimit-remaining-mu"] == "57"
+    assert h["x-ratelimit-reset-mu"] == "3s"
+    assert not any(k.endswith("-tokens") for k in h)
+
+
+def test_remaining_requests_is_what_passes_if_sent_now() -> None:
+    """A tenant with a burst of 5 requests: remaining counts down per request and is exactly what the
+    meter then admits back to back; with a tokens-per-minute limit the token headers carry tokens."""
+    gold = TenantLimits(
+        "gold", reserved_mu_per_min={"m": 6000.0}, requests_per_minute=600, tokens_per_minute=60_000
+    )
+    la = LocalAdmission(AdmissionSettings(burst_s=0.5, default_deadline_s=0.0))  # 5 requests, 500 tokens
+    d = la.submit(gold, req("a", "gold", input_tokens=40, max_output_tokens=10), 0.0)
+    assert d is not None and d.allowed
+    h = decision_headers(d)
+    assert h["x-ratelimit-remaining-requests"] == "4"
+    assert h["x-ratelimit-limit-tokens"] == "60000" and h["x-ratelimit-remaining-tokens"] == "59950"
+    assert h["x-ratelimit-limit-mu"] == "6000"
+    admitted = 0
+    for i in range(int(h["x-ratelimit-remaining-requests"]) + 1):
+        d = la.submit(gold, req(f"b{i}", "gold"), 0.0)
+        assert d is not None
+        admitted += d.allowed
+    assert admitted == 4  # exactly the 4 announced; the fifth is refused
+    assert decision_headers(d)["x-ratelimit-remaining-requests"] == "0"
 
 
 # -------------------------------------------------------------------------------------- tiers & queue
@@ -183,7 +209,7 @@ def test_reserved_tenant_spills_into_best_effort_and_over_limit_is_429() -> None
     assert tiers == [Tier.RESERVED, Tier.BEST_EFFORT, Reason.RATE_LIMITED]
     d = la.submit(silver, req("s9", "silver"), 0.0)
     assert d is not None and d.status == 429 and d.retry_after_s > 0
-    assert "x-ratelimit-remaining-tokens" in decision_headers(d)
+    assert "x-ratelimit-remaining-mu" in decision_headers(d)
 
 
 def test_tenant_without_reservation_on_model_is_rejected() -> None:

@@ -132,7 +132,8 @@ async def test_admit_settle_and_429_with_openai_headers() -> None:
     gold = svc.authenticate("Bearer sk-gold")
     ticket = await svc.admit(gold, req("a", 5.0), clock())
     assert ticket.headers["x-ratelimit-limit-requests"] == "600"
-    assert ticket.headers["x-ratelimit-remaining-tokens"] == "55"
+    assert ticket.headers["x-ratelimit-remaining-mu"] == "55"
+    assert "x-ratelimit-remaining-tokens" not in ticket.headers  # no TPM limit: no token headers
     assert ticket.headers["x-fleetgate-tier"] == "reserved"
     with pytest.raises(RateLimitError) as e:
         await svc.admit(gold, req("b", 1.0), clock())
@@ -140,8 +141,8 @@ async def test_admit_settle_and_429_with_openai_headers() -> None:
     assert err.status == 429 and err.retry_after_s == pytest.approx(5.0)
     http_headers = error_headers(err)  # where errors become HTTP
     assert http_headers["Retry-After"] == "5" and http_headers["retry-after-ms"] == "5000"
-    assert err.headers["x-ratelimit-remaining-tokens"] == "55"
-    assert err.headers["x-ratelimit-reset-tokens"] == "5s"
+    assert err.headers["x-ratelimit-remaining-mu"] == "55"
+    assert err.headers["x-ratelimit-reset-mu"] == "5s"
     assert "model units per min" in err.message
     # settle cheaper than estimated: the refund makes room at once
     await svc.settle(ticket, 1.0, clock(), usage=Usage(prompt_tokens=10, completion_tokens=3))

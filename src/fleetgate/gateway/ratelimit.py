@@ -33,11 +33,12 @@ def _decimal(v: float) -> str:
 
 
 def meter_headers(meters: Sequence[MeterReading]) -> dict[str, str]:
-    """``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` (+ ``-mu``) for these meters.
+    """``x-ratelimit-{limit,remaining,reset}-{requests,tokens,mu}`` for the meters the tenant has.
 
-    ``tokens`` reports the tenant's tokens-per-minute limit when it has one, else its MU bucket (then the
-    unit is MU). Limits are per minute; ``remaining`` is what is left; ``reset`` is the time until the
-    meter has fully drained.
+    Each suffix speaks its own unit: ``requests`` the requests-per-minute limit, ``tokens`` the
+    tokens-per-minute limit (absent when the tenant has none: model units are never passed off as tokens),
+    ``mu`` the tier's model-unit meter. Limits are per minute; ``remaining-requests`` is how many requests
+    pass if sent now; ``reset`` is the time until the meter has fully drained.
     """
     by_kind = {m.kind: m for m in reversed(meters)}  # the first reading of each kind
     headers: dict[str, str] = {}
@@ -53,8 +54,6 @@ def meter_headers(meters: Sequence[MeterReading]) -> dict[str, str]:
     if ChargeKind.TOKENS in by_kind:
         put("tokens", by_kind[ChargeKind.TOKENS], True)
     if ChargeKind.MU in by_kind:
-        if ChargeKind.TOKENS not in by_kind:
-            put("tokens", by_kind[ChargeKind.MU], False)
         put("mu", by_kind[ChargeKind.MU], False)
     return headers
 

@@ -109,6 +109,19 @@ def remaining_per_min(state: BucketState, params: BucketParams, now: float) -> f
     return max(0.0, params.per_min - drain(state, params, now).level)
 
 
+def available_now(state: BucketState, params: BucketParams, now: float, unit: float = 1.0) -> int:
+    """How many charges of ``unit`` would pass back to back at ``now`` (what a client can send at once).
+
+    Each passes while the level is at most ``max(burst - unit, 0)``: with no burst that is one charge on
+    an empty meter and none otherwise, whatever is left of the per-minute figure.
+    """
+    level = drain(state, params, now).level
+    limit = threshold(params, unit)
+    if level - limit > EPS:
+        return 0
+    return math.floor((limit - level) / unit + EPS) + 1
+
+
 # ---------------------------------------------------------------------------------------- multi-bucket
 class ChargeKind(StrEnum):
     """What a meter counts (decides headers and which error a denial becomes)."""

@@ -14,6 +14,7 @@ from fleetgate.core.admission.buckets import (
     BucketState,
     Charge,
     ChargeKind,
+    available_now,
     drain,
     remaining_per_min,
     reset_s,
@@ -32,7 +33,9 @@ MAX_RETRY_AFTER_S = 60.0
 class MeterReading:
     """One of a tenant's meters at decision time, in its own unit (requests, tokens or MU) per minute.
 
-    ``remaining``: what may still be used; ``reset_s``: seconds until the meter has fully drained.
+    ``remaining``: for requests, how many may be sent right now and pass (a paced meter admits one at a
+    time, however much of the minute is left); for tokens and MU, the per-minute limit less what has not
+    drained yet. ``reset_s``: seconds until the meter has fully drained.
     """
 
     kind: ChargeKind
@@ -52,11 +55,11 @@ def read_meters(
             continue
         seen.add(c.kind)
         st = drain(states.get(c.key, BucketState(0.0, now)), c.params, now)
-        out.append(
-            MeterReading(
-                c.kind, c.params.per_min, remaining_per_min(st, c.params, now), reset_s(st, c.params, now)
-            )
-        )
+        if c.kind == ChargeKind.REQUESTS:
+            remaining = float(available_now(st, c.params, now))
+        else:
+            remaining = remaining_per_min(st, c.params, now)
+        out.append(MeterReading(c.kind, c.params.per_min, remaining, reset_s(st, c.params, now)))
     return tuple(out)
 
 
