@@ -46,6 +46,19 @@ class RoutingConfig(_Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="Policy-specific parameters.")
 
 
+class FailoverConfig(_Strict):
+    """Mid-stream failover: a stream whose replica breaks after the first byte is continued on another
+    replica (plain text only; see docs/gateway.md for the cases that end with an SSE error instead)."""
+
+    enabled: bool = Field(default=True, description="Continue broken plain-text streams on another replica.")
+    max_continuations: int = Field(
+        default=2, ge=0, le=10, description="Continuations per request before the stream ends with an error."
+    )
+    timeout_s: float = Field(
+        default=30.0, gt=0, description="Longest wait for a continuation's first event (then try the next)."
+    )
+
+
 class DeploymentConfig(_Strict):
     """A model served by a set of replicas."""
 
@@ -78,6 +91,8 @@ class DeploymentConfig(_Strict):
         "takes none). Health probes then carry the highest priority too.",
     )
 
+    failover: FailoverConfig = Field(default_factory=FailoverConfig)
+
     @model_validator(mode="after")
     def _unique_replicas(self) -> DeploymentConfig:
         names = [r.name for r in self.replicas]
@@ -98,6 +113,15 @@ class GatewayConfig(_Strict):
     )
     stream_idle_timeout_s: float = Field(
         default=30.0, gt=0, description="Longest silence between two upstream stream chunks."
+    )
+    non_stream_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Longest time for a whole non-streamed upstream response (headers and body); not retried "
+        "when it runs out (the engine was working on it: another try would do that work again).",
+    )
+    max_upstream_body_bytes: int = Field(
+        default=64 * 1024 * 1024, gt=0, description="Largest non-streamed upstream response body (else 502)."
     )
     max_attempts: int = Field(default=3, ge=1, le=10, description="Tries per request before the first byte.")
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="Time to finish in-flight on SIGTERM.")

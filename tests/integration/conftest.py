@@ -173,8 +173,10 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
         deployments: dict[str, Sequence[ServerProcess]],
         policy: str = "round_robin",
         routing_params: dict[str, Any] | None = None,
+        deployment: dict[str, Any] | None = None,
         **gateway: Any,
     ) -> ServerProcess:
+        """``deployment``: extra keys of every deployment (e.g. ``failover``); the rest: gateway keys."""
         routing: dict[str, Any] = {"policy": policy}
         if routing_params:
             routing["params"] = routing_params
@@ -185,6 +187,7 @@ def start_gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
                     "model": model,
                     "routing": routing,
                     "replicas": [{"name": f"r{i}", "url": e.url} for i, e in enumerate(engines)],
+                    **(deployment or {}),
                 }
                 for model, engines in deployments.items()
             ],

@@ -80,15 +80,14 @@ def test_failures_before_first_byte_are_retried_elsewhere(start_engine: Any, sta
         engine.wait_ready()
     gateway = start_gateway({MODEL: [hung, failing, good]}, first_byte_timeout_s=1.0, max_attempts=3)
     c = client(gateway.url)
-    for stream in (False, True, False, True):
-        if stream:
-            chunks = list(
-                c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, stream=True)
-            )
-            assert chunks[-1].choices[0].finish_reason == "length"
-        else:
-            resp = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
-            assert resp.choices[0].message.content
+    for _ in range(4):  # streams: a replica that sends no first byte within first_byte_timeout_s is skipped
+        chunks = list(c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, stream=True))
+        assert chunks[-1].choices[0].finish_reason == "length"
+    gateway = start_gateway({MODEL: [failing, good]}, max_attempts=3)
+    c = client(gateway.url)
+    for _ in range(4):  # an HTTP 500 is an answer refused before any work: retried elsewhere
+        resp = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
+        assert resp.choices[0].message.content
 
 
 def test_all_replicas_failing_gives_openai_error(start_engine: Any, start_gateway: Any) -> None:
@@ -100,3 +99,44 @@ def test_all_replicas_failing_gives_openai_error(start_engine: Any, start_gatewa
     assert r.status_code == 502
     err = r.json()["error"]
     assert err["type"] == "server_error" and err["code"] == "upstream_error" and "r0" in err["message"]
+
+
+def test_non_stream_answer_longer_than_first_byte_timeout_is_not_cut_nor_redone(
+    start_engine: Any, start_gateway: Any, tools: Any
+) -> None:
+    """A non-streamed answer arrives whole at the end (as vLLM sends it), so it has its own total limit
+    (``non_stream_timeout_s``), not ``first_byte_timeout_s``; and once an engine works on it, nothing is
+    retried: a second try would only redo the work (issue 22, medium #10)."""
+    engines = [start_engine(MODEL, time_scale="1.0", wait=False) for _ in range(2)]
+    for e in engines:
+        e.wait_ready()
+    gateway = start_gateway({MODEL: engines}, first_byte_timeout_s=0.5, non_stream_timeout_s=30.0)
+    t0 = time.monotonic()
+    resp = client(gateway.url).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=150)
+    took = time.monotonic() - t0
+    assert resp.usage is not None and resp.usage.completion_tokens == 150
+    assert took > 0.5  # longer than first_byte_timeout_s, and still answered
+    assert sum(tools.engine_stats(e)["server"]["requests_received"] for e in engines) == 1
+
+
+def test_non_stream_total_timeout_and_body_limit_are_not_retried(
+    start_engine: Any, start_gateway: Any, tools: Any
+) -> None:
+    """Past ``non_stream_timeout_s`` the client gets a 504 and no other replica repeats the work; a body over
+    ``max_upstream_body_bytes`` is a 502 without buffering it (and without a retry either)."""
+    engines = [start_engine(MODEL, time_scale="1.0", wait=False) for _ in range(2)]
+    for e in engines:
+        e.wait_ready()
+    gateway = start_gateway({MODEL: engines}, non_stream_timeout_s=0.5, max_upstream_body_bytes=2000)
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 150}
+    r = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 504, r.text
+    assert "non_stream_timeout_s" in r.json()["error"]["message"]
+    assert sum(tools.engine_stats(e)["server"]["requests_received"] for e in engines) == 1
+    gateway = start_gateway({MODEL: engines}, max_upstream_body_bytes=2000)
+    r = httpx.post(gateway.url + "/v1/chat/completions", json={**body, "max_tokens": 400}, timeout=30)
+    assert r.status_code == 502, r.text
+    assert "max_upstream_body_bytes" in r.json()["error"]["message"]
+    assert sum(tools.engine_stats(e)["server"]["requests_received"] for e in engines) == 2
+    small = httpx.post(gateway.url + "/v1/chat/completions", json={**body, "max_tokens": 5}, timeout=30)
+    assert small.status_code == 200

@@ -102,6 +102,10 @@ class Ticket:
         return self.decision.waited_s
 
 
+#: The capacity ledger's name for work done by failover (continued streams) that no tenant is charged for.
+FAILOVER_TENANT = "(failover)"
+
+
 class AdmissionService:
     """Tenants, limits, a bounded priority queue and a (possibly shared) state store."""
 
@@ -492,6 +496,12 @@ class AdmissionService:
             "store_available": store_ok,
         }
 
+    def record_overhead(self, model: str, mu: float, now: float | None = None) -> None:
+        """Failover work no tenant pays for (broken attempts, re-prefill): in the ledger's ``used`` under
+        the pseudo-tenant ``FAILOVER_TENANT`` (no tenant name can clash: names cannot hold parentheses)."""
+        if mu > 0:
+            self.ledger(model).record(FAILOVER_TENANT, mu, self._now(now))
+
     def ledger(self, model: str) -> CapacityLedger:
         """The deployment's capacity ledger (settled MU of this gateway over the last minute)."""
         ledger = self._ledgers.get(model)
@@ -516,6 +526,7 @@ class AdmissionService:
             ledger = self.ledger(model)
             window = ledger.in_window(now)  # one walk of the window for the sum and the count
             used_mu = math.fsum(s.mu for s in window)
+            overhead_mu = math.fsum(s.mu for s in window if s.tenant == FAILOVER_TENANT)
             used = used_mu * 60.0 / ledger.window_s
             out.append(
                 {
@@ -527,6 +538,7 @@ class AdmissionService:
                     "headroom_mu_per_min": None if view is None else view.capacity_mu_per_min - used,
                     "used_mu": used_mu,
                     "used_window_s": ledger.window_s,
+                    "failover_overhead_mu": overhead_mu,
                     "settled_requests_in_window": len(window),
                     "settled_requests_total": ledger.total_settled_requests,
                     "best_effort_max_utilization": self.settings.best_effort_max_utilization,

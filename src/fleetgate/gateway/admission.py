@@ -29,6 +29,9 @@ class Admission(Protocol):
 
     def release(self, ticket: Any) -> None: ...
 
+    def record_overhead(self, model: str, mu: float, now: float) -> None:
+        """Work the fleet did that no tenant is charged for (failover), for the capacity ledger."""
+
 
 @dataclass(frozen=True, slots=True)
 class AnonymousTenant:
@@ -57,6 +60,9 @@ class OpenAdmission:
 
     def release(self, ticket: Any) -> None:
         self.released += 1
+
+    def record_overhead(self, model: str, mu: float, now: float) -> None:
+        """No ledger to tell."""
 
 
 def ticket_headers(ticket: Any) -> dict[str, str]:

@@ -91,6 +91,34 @@ class GatewayMetrics:
             buckets=ROUTING_BUCKETS,
             registry=self.registry,
         )
+        self.continuations = Counter(
+            "fleetgate_stream_continuations",
+            "Broken streams continued on another replica, by the replica that took over, the one that broke "
+            "and the outcome (ok / failed).",
+            [*labels, "from_replica", "outcome"],
+            registry=self.registry,
+        )
+        self.continuation_resume = Histogram(
+            "fleetgate_stream_resume_seconds",
+            "Added latency of a continuation: from detecting the broken stream to the first continued event "
+            "sent to the client (a stall is detected stream_idle_timeout_s after the last event).",
+            ["deployment"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.failover_refusals = Counter(
+            "fleetgate_stream_continuation_refusals",
+            "Broken streams that were not continued (the client got an SSE error), by reason.",
+            ["deployment", "reason"],
+            registry=self.registry,
+        )
+        self.failover_overhead = Counter(
+            "fleetgate_failover_overhead_mu",
+            "Model units the fleet spent on failover beyond what clients were charged (broken attempts, "
+            "re-prefill of continued streams).",
+            ["deployment"],
+            registry=self.registry,
+        )
         self.registry.register(_FleetCollector(fleet))
         self._children: dict[tuple[str, str], ReplicaMetrics] = {}
         self._routing: dict[str, Histogram] = {}

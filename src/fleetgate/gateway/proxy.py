@@ -6,9 +6,13 @@ events that mention ``usage``/``error`` are JSON-decoded (``core.openai.StreamTr
 
 Reliability: nothing is sent to the client until the first upstream bytes arrived, so every failure before
 that (refused connection, HTTP 5xx/429, timeout, empty stream) is retried on another replica, up to
-``max_attempts``. After the first byte a failure ends the stream with one SSE error event. A client that goes
-away cancels the handler (aiohttp ``handler_cancellation``), which closes the upstream connection, which the
-engine sees as an abort. Every admitted request is settled (it ran) or released (it never ran).
+``max_attempts``. Once the engine has started answering nothing is retried: a broken plain-text stream is
+*continued* on another replica (``core.failover``: the prompt plus the text sent so far), so the client sees
+one stream; where that cannot be exact (tool calls, guided decoding, n > 1, logprobs, echo) the stream ends
+with one SSE error event. A non-streamed response must arrive whole within ``non_stream_timeout_s`` and at
+most ``max_upstream_body_bytes``. A client that goes away cancels the handler (aiohttp
+``handler_cancellation``), which closes the upstream connection, which the engine sees as an abort. Every
+admitted request is settled (it ran) or released (it never ran).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from fleetgate.core.errors import (
     UpstreamError,
     UpstreamTimeoutError,
 )
+from fleetgate.core.failover import FailoverTracker, static_refusal
 from fleetgate.core.openai import (
     Endpoint,
     ParsedRequest,
@@ -43,6 +48,7 @@ from fleetgate.core.openai import (
 )
 from fleetgate.core.types import Priority, RandomSource, RequestInfo, Usage
 from fleetgate.engines.client import UpstreamClient
+from fleetgate.engines.continuation import continuation_body, remaining_tokens
 from fleetgate.engines.dialects import dialect
 from fleetgate.engines.dialects.base import LOW_FIRST
 from fleetgate.gateway.admission import (
@@ -108,6 +114,11 @@ class _Call:
     ttft_s: float | None = None
     mu: float | None = None  # settled model units
     info: RequestInfo | None = None  # what the router saw (for the policy's first-token hook)
+    body: bytes = b""  # the upstream request body (a continuation extends it)
+    endpoint: Endpoint = "chat"
+    continuations: int = 0  # streams continued on another replica after a break
+    attempt_usage: Usage | None = None  # what the current replica did, when it differs from ``usage``
+    refusal: str | None = None  # why a broken stream of this request would not be continued
 
 
 class Proxy:
@@ -277,6 +288,8 @@ class Proxy:
         body = new_body if new_body is not None else await request.read()  # cached by aiohttp
         routing_hist = self.metrics.routing_child(deployment.model)
         call.info = info
+        call.body = body
+        call.endpoint = parsed.endpoint
         shell = self._gate_shell(deployment)
         if shell is not None:
             await shell.wait_turn(info)  # the dispatch gate: held while every replica is busy with prefill
@@ -309,9 +322,11 @@ class Proxy:
             except UpstreamError as exc:
                 last = exc
                 exclude.add(replica.name)
+                log.warning("request %s: replica %s failed: %s", info.request_id, replica.name,
+                            exc.message)  # fmt: skip
+                if not exc.retryable:  # the engine had started answering: another try would redo its work
+                    break
                 self.metrics.retries.labels(deployment.model, replica.name).inc()
-                log.warning("request %s: replica %s failed before the first byte: %s", info.request_id,
-                            replica.name, exc.message)  # fmt: skip
             finally:
                 self._attempt_done(deployment, replica, info, call)
         if last is None:
@@ -337,7 +352,8 @@ class Proxy:
         now = self.clock()
         neutral = call.client_gone  # the client left: says nothing about the replica
         ok = call.ok or neutral
-        cost = deployment.profile.settle(call.usage) if call.usage is not None else info.cost_mu
+        usage = call.attempt_usage or call.usage
+        cost = deployment.profile.settle(usage) if usage is not None else info.cost_mu
         replica.end(info.cost_mu, ok, now)
         deployment.policy.on_complete(info, replica.name, now, cost, ok)
         for listener in self.listeners:
@@ -356,15 +372,29 @@ class Proxy:
         request_id: str = request["request_id"]
         url = replica.url + PATHS[parsed.endpoint]
         headers = {**deployment.upstream_headers, REQUEST_ID_HEADER: request_id}
-        timeout_s = self.config.first_byte_timeout_s
-        tracker = StreamTracker(strip_usage=strip)
+        stream = parsed.stream
+        # A stream must show life within first_byte_timeout_s (then idle timeouts apply); a non-streamed
+        # answer arrives whole (vLLM sends its headers with the body), so it gets the separate total limit.
+        timeout_s = self.config.first_byte_timeout_s if stream else self.config.non_stream_timeout_s
+        tracker: StreamTracker | FailoverTracker
+        call.refusal = self._failover_refusal(parsed, deployment) if stream else None
+        if stream and call.refusal is None:
+            tracker = FailoverTracker(
+                parsed.endpoint,
+                strip_usage=strip,
+                prompt_tokens=parsed.input_tokens,
+                client_usage=parsed.include_usage,
+            )
+        else:
+            tracker = StreamTracker(strip_usage=strip)
         first = b""
+        answering = False  # the engine's answer started: a failure from here on is not retried
         try:
             async with asyncio.timeout(timeout_s):
                 upstream = await self.client.post(url, body, headers)
                 try:
                     if upstream.status != 200:
-                        raw = await upstream.read()
+                        raw = await self._read_body_limited(upstream, replica)
                         rejection = upstream_rejection(upstream.status, raw)
                         if rejection is not None:  # the engine judged the request itself bad: no retry
                             call.ok = True
@@ -373,9 +403,10 @@ class Proxy:
                             f"replica {replica.name} answered HTTP {upstream.status}",
                             upstream_status=upstream.status,
                         )
-                    if not parsed.stream or not upstream.content_type.startswith("text/event-stream"):
+                    if not stream or not upstream.content_type.startswith("text/event-stream"):
                         # (an engine that answers a stream request with one JSON body is relayed as is)
-                        raw = await upstream.read()
+                        answering = True
+                        raw = await self._read_body_limited(upstream, replica)
                         call.ok = call.ran = True
                         call.usage = usage_from_body(raw)
                         ctype = upstream.headers.get("Content-Type", "application/json")
@@ -393,22 +424,56 @@ class Proxy:
                     upstream.close()
                     raise
         except TimeoutError as exc:
-            raise UpstreamTimeoutError(f"replica {replica.name} sent nothing within {timeout_s:g} s") from exc
+            if stream:
+                raise UpstreamTimeoutError(
+                    f"replica {replica.name} sent nothing within {timeout_s:g} s"
+                ) from exc
+            raise UpstreamTimeoutError(
+                f"replica {replica.name} sent no complete response within {timeout_s:g} s "
+                "(gateway.non_stream_timeout_s)",
+                retryable=False,
+            ) from exc
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError(f"replica {replica.name} failed: {exc.__class__.__name__}: {exc}") from exc
+            raise UpstreamError(
+                f"replica {replica.name} failed: {exc.__class__.__name__}: {exc}", retryable=not answering
+            ) from exc
         return await self._stream(request, replica, upstream, tracker, first, call, deployment)
+
+    async def _read_body_limited(self, upstream: aiohttp.ClientResponse, replica: ReplicaState) -> bytes:
+        """The whole upstream body, at most ``max_upstream_body_bytes`` (else a non-retryable 502)."""
+        limit = self.config.max_upstream_body_bytes
+        if upstream.content_length is not None and upstream.content_length > limit:
+            raise _body_too_large(replica, limit)
+        parts: list[bytes] = []
+        size = 0
+        content = upstream.content
+        while True:
+            chunk = await content.readany()
+            if not chunk:
+                return b"".join(parts)
+            size += len(chunk)
+            if size > limit:
+                raise _body_too_large(replica, limit)
+            parts.append(chunk)
+
+    def _failover_refusal(self, parsed: ParsedRequest, deployment: Deployment) -> str | None:
+        """Why a broken stream of this request would not be continued (``None``: it would)."""
+        if not deployment.config.failover.enabled:
+            return "disabled"
+        return static_refusal(parsed.endpoint, parsed.body)
 
     async def _stream(
         self,
         request: web.Request,
         replica: ReplicaState,
         upstream: aiohttp.ClientResponse,
-        tracker: StreamTracker,
+        tracker: StreamTracker | FailoverTracker,
         first: bytes,
         call: _Call,
         deployment: Deployment,
     ) -> web.StreamResponse:
-        """Relay an upstream SSE stream whose first bytes arrived; from here on errors are in-band."""
+        """Relay an upstream SSE stream whose first bytes arrived; from here on errors are in-band (or the
+        stream is continued on another replica)."""
         headers = {**call.headers, **_SSE_HEADERS, REQUEST_ID_HEADER: request["request_id"]}
         response = _RelayResponse(status=200, headers=headers)
         call.ran = True
@@ -440,13 +505,26 @@ class Proxy:
                 )
             if error is None and tracker.truncated:
                 error = UpstreamError(f"replica {replica.name} ended the stream early", retryable=False)
-            if error is None and tracker.error is not None:  # the engine's own in-band error, relayed as is
+            if isinstance(tracker, FailoverTracker):
+                if error is None and tracker.error is not None:
+                    error = UpstreamError(f"replica {replica.name} sent an error event", retryable=False)
+                if error is not None:
+                    log.warning("request %s: %s", request["request_id"], error.message)
+                    upstream.close()
+                    if tail:  # whole events only: safe to send before the continuation's
+                        await response.write(tail)
+                    tail, error = await self._continue(
+                        request, response, deployment, replica, tracker, call, error
+                    )
+            elif error is None and tracker.error is not None:  # the engine's own in-band error, relayed as is
                 call.error_kind = "engine_stream_error"
+            elif error is not None:  # a stream that cannot be continued exactly ends with an SSE error
+                self.metrics.failover_refusals.labels(deployment.model, call.refusal or "disabled").inc()
             if error is not None:
                 call.error_kind = _error_kind(error)
                 log.warning("request %s: %s", request["request_id"], error.message)
                 tail += sse_error_event(error)
-            else:
+            elif call.continuations == 0:
                 call.ok = True
             await response.write_eof(tail)
         except (_ClientGoneError, ConnectionResetError):
@@ -465,7 +543,17 @@ class Proxy:
                     pass
             raise
         finally:
-            call.usage = tracker.usage
+            if isinstance(tracker, FailoverTracker):
+                call.usage = (
+                    tracker.final_usage() if (tracker.usage is not None or call.continuations) else None
+                )
+                if tracker.attempts:
+                    broken = tracker.attempts[0]  # what the first replica did (its policy's cost feedback)
+                    call.attempt_usage = Usage(broken.prompt_tokens, broken.completion_tokens)
+                if call.continuations:
+                    self._record_overhead(deployment, tracker, call)
+            else:
+                call.usage = tracker.usage
             call.output_events = tracker.data_events
             if call.ok:
                 upstream.release()
@@ -473,9 +561,160 @@ class Proxy:
                 upstream.close()
         return response
 
+    async def _continue(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        deployment: Deployment,
+        failed: ReplicaState,
+        tracker: FailoverTracker,
+        call: _Call,
+        error: FleetgateError,
+    ) -> tuple[bytes, FleetgateError | None]:
+        """Continue a broken stream on other replicas until it ends well or the contract says stop; returns
+        the bytes to send with the end of the response and the error to report (``None``: it ended well)."""
+        settings = deployment.config.failover
+        info = call.info
+        assert info is not None
+        original = orjson.loads(call.body)
+        model = deployment.model
+        while True:
+            broke_at = self.clock()
+            left = remaining_tokens(original, tracker.produced)
+            if tracker.finish_reason is not None or (left is not None and left <= 0):
+                # the answer was complete, only its end was lost: finish it here
+                return tracker.closing_events(tracker.client_usage), None
+            reason = tracker.refusal()
+            if reason is None and call.continuations >= settings.max_continuations:
+                reason = "exhausted"
+            replica: ReplicaState | None = None
+            if reason is None:
+                try:
+                    decision = deployment.pick(info, broke_at, self.rng, frozenset(call.attempts))
+                    replica = deployment.replicas.get(decision.replica)
+                except ServiceUnavailableError:
+                    replica = None
+                if replica is None:
+                    reason = "no_replica"
+            if reason is not None or replica is None:
+                self.metrics.failover_refusals.labels(model, reason or "no_replica").inc()
+                return b"", error
+            tracker.end_attempt(failed.name)
+            call.attempts.append(replica.name)
+            call.replica = replica
+            call.continuations += 1
+            body = orjson.dumps(continuation_body(original, call.endpoint, tracker.text, tracker.produced))
+            replica.begin(info.cost_mu)
+            deployment.policy.on_dispatch(info, replica.name, broke_at)
+            ok = False
+            try:
+                tail, attempt_error = await self._continue_on(
+                    request, response, deployment, replica, body, tracker, call, broke_at
+                )
+                ok = attempt_error is None
+            except (_ClientGoneError, ConnectionResetError, asyncio.CancelledError):
+                ok = True  # the client left: says nothing about the replica
+                raise
+            finally:
+                self._continuation_done(deployment, replica, failed, info, ok)
+            if attempt_error is None:
+                call.error_kind = None
+                return tail, None
+            error = attempt_error
+            log.warning("request %s: continuation on %s failed: %s", info.request_id, replica.name,
+                        error.message)  # fmt: skip
+            failed = replica
+
+    async def _continue_on(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        deployment: Deployment,
+        replica: ReplicaState,
+        body: bytes,
+        tracker: FailoverTracker,
+        call: _Call,
+        broke_at: float,
+    ) -> tuple[bytes, FleetgateError | None]:
+        """One continuation stream: wait (``failover.timeout_s``) for its first event for the client, then
+        relay it like the original; returns the tail to send and the error that ended it, if any."""
+        url = replica.url + PATHS[call.endpoint]
+        headers = {**deployment.upstream_headers, REQUEST_ID_HEADER: request["request_id"]}
+        timeout_s = deployment.config.failover.timeout_s
+        idle = self.config.stream_idle_timeout_s
+        upstream: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    upstream = await self.client.post(url, body, headers)
+                    if upstream.status != 200 or not upstream.content_type.startswith("text/event-stream"):
+                        return b"", UpstreamError(
+                            f"replica {replica.name} answered the continuation with HTTP {upstream.status}",
+                            retryable=False,
+                        )
+                    first = b""
+                    while not first:
+                        chunk = await upstream.content.readany()
+                        if not chunk:
+                            break
+                        first = tracker.feed(chunk)
+                if first:
+                    await response.write(first)
+                    resumed = self.clock() - broke_at
+                    self.metrics.continuation_resume.labels(deployment.model).observe(resumed)
+                tail = b""
+                if not upstream.content.at_eof():
+                    tail = await self._relay(response, upstream.content, tracker, idle)
+            except TimeoutError:
+                return b"", UpstreamTimeoutError(
+                    f"replica {replica.name} continuation timed out", retryable=False
+                )
+            except (aiohttp.ClientError, OSError) as exc:
+                return b"", UpstreamError(
+                    f"replica {replica.name} continuation broke: {exc.__class__.__name__}", retryable=False
+                )
+            if tracker.truncated or tracker.error is not None:
+                if tail:
+                    await response.write(tail)
+                return b"", UpstreamError(f"replica {replica.name} continuation ended early", retryable=False)
+            upstream.release()
+            upstream = None
+            return tail, None
+        finally:
+            if upstream is not None:
+                upstream.close()
+
+    def _continuation_done(
+        self, deployment: Deployment, replica: ReplicaState, failed: ReplicaState, info: RequestInfo, ok: bool
+    ) -> None:
+        now = self.clock()
+        replica.end(info.cost_mu, ok, now)
+        deployment.policy.on_complete(info, replica.name, now, info.cost_mu, ok)
+        for listener in self.listeners:
+            listener(deployment.model, replica.name, ok, now)
+        self.metrics.continuations.labels(
+            deployment.model, replica.name, failed.name, "ok" if ok else "failed"
+        ).inc()
+
+    def _record_overhead(self, deployment: Deployment, tracker: FailoverTracker, call: _Call) -> None:
+        """Tell the capacity ledger what failover cost the fleet beyond what the client is charged: the
+        broken attempts and the continuations' re-prefill of the prompt and the text already sent."""
+        profile = deployment.profile
+        assert call.replica is not None
+        real = sum(
+            profile.settle(Usage(a.prompt_tokens, a.completion_tokens, a.cached_tokens))
+            for a in tracker.real_work(call.replica.name)
+        )
+        overhead = max(0.0, real - profile.settle(tracker.final_usage()))
+        self.metrics.failover_overhead.labels(deployment.model).inc(overhead)
+        self.admission.record_overhead(deployment.model, overhead, self.admission_clock())
+
     @staticmethod
     async def _relay(
-        response: web.StreamResponse, content: aiohttp.StreamReader, tracker: StreamTracker, idle_s: float
+        response: web.StreamResponse,
+        content: aiohttp.StreamReader,
+        tracker: StreamTracker | FailoverTracker,
+        idle_s: float,
     ) -> bytes:
         """Forward chunks until the upstream ends; returns the last bytes, to be sent with the end."""
         loop = asyncio.get_running_loop()
@@ -589,6 +828,13 @@ def _session_key(request: web.Request, parsed: ParsedRequest) -> str | None:
 
 class _ClientGoneError(Exception):
     """Writing to the client failed: it disconnected."""
+
+
+def _body_too_large(replica: ReplicaState, limit: int) -> UpstreamError:
+    return UpstreamError(
+        f"replica {replica.name} sent a response body over {limit} bytes (gateway.max_upstream_body_bytes)",
+        retryable=False,
+    )
 
 
 def _error_kind(exc: FleetgateError) -> str:

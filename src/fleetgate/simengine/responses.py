@@ -21,7 +21,7 @@ import orjson
 
 from fleetgate.simengine.driver import Live
 from fleetgate.simengine.structured import ToolCall
-from fleetgate.simengine.textgen import WORDS, PlannedOutput, token_text
+from fleetgate.simengine.textgen import WORDS, PlannedOutput, filler_words
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,7 @@ class ChoicePlan:
     live: Live | None = None
     sent: int = 0  # tokens streamed so far
     chars_left: int = -1  # stop string: characters of text still to send (-1: no limit)
+    filler: tuple[str, ...] | None = None  # the filler words, made on first use
 
     @property
     def finish_reason(self) -> str:
@@ -54,7 +55,11 @@ class ChoicePlan:
         return self.plan.finish_reason
 
     def token(self, i: int) -> str:
-        return self.pieces[i] if self.pieces is not None else token_text(self.start, i)
+        if self.pieces is not None:
+            return self.pieces[i]
+        if self.filler is None:  # each filler word depends on the text before it: make them once, in order
+            self.filler = filler_words(self.start, self.plan.tokens)
+        return self.filler[i]
 
     def text(self) -> str:
         text = "".join(self.token(i) for i in range(self.plan.tokens))

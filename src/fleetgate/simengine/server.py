@@ -42,7 +42,7 @@ from fleetgate.simengine.metrics import EngineMetrics, ServerCounters
 from fleetgate.simengine.perfmodel import EngineModel, EngineRequest, PerfParams
 from fleetgate.simengine.responses import ChoicePlan, LogprobSpec, StreamEncoder, full_body, usage
 from fleetgate.simengine.structured import Structured, json_text, parse_structured, pick_tool, tool_call
-from fleetgate.simengine.textgen import PlannedOutput, plan_output, start_index
+from fleetgate.simengine.textgen import PlannedOutput, continuation_prompt, plan_output, start_index
 
 _JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -261,7 +261,10 @@ class SimEngine:
         structured = parse_structured(body)
         image_tokens = parsed.image_parts * self.config.image_tokens
         if endpoint == "chat":
-            prompts = [_Prompt(parsed.prompt_text, max(1, parsed.input_tokens) + image_tokens)]
+            text, tokens = parsed.prompt_text, parsed.input_tokens
+            if (continued := continuation_prompt(body)) is not None:  # continue_final_message
+                text, tokens = continued, count_tokens(continued)
+            prompts = [_Prompt(text, max(1, tokens) + image_tokens)]
         else:
             prompts = _prompts(body.get("prompt"), echo=bool(body.get("echo")))
         if len(prompts) * n > _MAX_N:

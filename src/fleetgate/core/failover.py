@@ -1,0 +1,366 @@
+"""Mid-stream failover (sans-IO): decide whether a broken stream may be continued on another replica, keep
+the transcript that a continuation needs, and rewrite the continuation's events so the client sees one stream.
+
+A stream that breaks after its first byte (reset, crash, a stall longer than the idle timeout, an end without
+``[DONE]``, an in-band engine error) is continued elsewhere by asking another replica to go on with the same
+answer: the original prompt plus the text already sent (``engines.continuation`` builds that request). That
+is exact only for plain text, so :func:`static_refusal` and :meth:`FailoverTracker.refusal` name the cases
+where the gateway ends the stream with an SSE error instead (tool calls, guided decoding, ``n > 1``,
+logprobs, echo).
+
+:class:`FailoverTracker` replaces ``core.openai.StreamTracker`` on streams that may be continued. It forwards
+whole events only (a continuation must never follow half an event), records the text, the number of content
+events (one per generated token, as engines stream) and the stream's ``id``/``created``/``model``; in
+continuation mode it rewrites those fields into the continuation's events, drops its second ``role`` chunk
+and reports usage as the client sees it: the client's prompt once and every generated token once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from fleetgate.core.openai import Endpoint, usage_from_mapping
+from fleetgate.core.sse import DONE_DATA, SSEParser
+from fleetgate.core.types import Usage
+
+#: Why a broken stream was not continued (the ``reason`` label of the refusal metric).
+REFUSAL_REASONS = (
+    "disabled",  # the deployment turned failover off
+    "n",  # several choices (n > 1, best_of): one continuation cannot rebuild all of them
+    "logprobs",  # logprobs of the text already sent cannot be reproduced by the new replica
+    "echo",  # the prompt is part of the output
+    "guided_decoding",  # response_format / guided_* / grammar: the grammar state is not transferable
+    "prompt_shape",  # completions with token ids or several prompts: no text to extend
+    "tool_calls",  # a tool call was being streamed
+    "reasoning",  # reasoning content was being streamed (engines continue content, not reasoning)
+    "exhausted",  # max_continuations already used
+    "no_replica",  # no other routable replica
+)
+
+_GUIDED_FIELDS = (
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+    "grammar",
+    "json_schema",
+)
+
+
+def static_refusal(endpoint: Endpoint, body: Mapping[str, Any]) -> str | None:
+    """The reason a stream of this request can never be continued exactly, or ``None`` (plain text)."""
+    n = body.get("n")
+    best_of = body.get("best_of")
+    if (isinstance(n, int) and n > 1) or (isinstance(best_of, int) and best_of > 1):
+        return "n"
+    logprobs = body.get("logprobs")
+    if (logprobs is not None and logprobs is not False) or body.get("top_logprobs"):
+        return "logprobs"
+    if body.get("echo"):
+        return "echo"
+    fmt = body.get("response_format")
+    if isinstance(fmt, Mapping) and fmt.get("type", "text") != "text":
+        return "guided_decoding"
+    if any(body.get(name) is not None for name in _GUIDED_FIELDS):
+        return "guided_decoding"
+    if endpoint == "completions":
+        prompt = body.get("prompt")
+        single = isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str)
+        if not (isinstance(prompt, str) or single):
+            return "prompt_shape"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What one upstream stream of a continued request did (for the capacity ledger's real work)."""
+
+    replica: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+class FailoverTracker:
+    """A ``StreamTracker`` for streams that may be continued (same ``feed``/``usage``/``done``/``truncated``
+    interface), forwarding whole events and recording what a continuation needs."""
+
+    __slots__ = (
+        "_base",
+        "_client_prompt",
+        "_parser",
+        "_pending",
+        "_produced_before",
+        "attempt_events",
+        "attempt_usage",
+        "attempts",
+        "client_usage",
+        "continuing",
+        "created",
+        "data_events",
+        "done",
+        "endpoint",
+        "error",
+        "error_raw",
+        "fingerprint",
+        "finish_reason",
+        "id",
+        "model",
+        "pieces",
+        "produced",
+        "reasoning",
+        "role_sent",
+        "strip_usage",
+        "tool_calls",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        strip_usage: bool = False,
+        prompt_tokens: int = 0,
+        client_usage: bool = False,
+    ) -> None:
+        self.endpoint = endpoint
+        self.strip_usage = strip_usage
+        self.client_usage = client_usage  # the client asked for usage (stream_options.include_usage)
+        self._parser = SSEParser()
+        self._pending = bytearray()
+        self._base = 0
+        self.usage: Usage | None = None
+        self.done = False
+        self.error: dict[str, Any] | None = None
+        self.error_raw = b""
+        self.data_events = 0
+        self.pieces: list[str] = []  # the text sent to the client, in order
+        self.produced = 0  # content events sent to the client: one per generated token
+        self.attempt_events = 0  # content events of the current upstream stream
+        self.attempt_usage: Usage | None = None  # usage the current upstream stream reported
+        self.attempts: list[Attempt] = []  # finished (broken) upstream streams, for the ledger
+        self.finish_reason: str | None = None
+        self.tool_calls = False
+        self.reasoning = False
+        self.role_sent = False
+        self.id: Any = None
+        self.created: Any = None
+        self.model: Any = None
+        self.fingerprint: Any = None
+        self.continuing = False  # the current upstream is a continuation: rewrite its events
+        self._produced_before = 0  # content events before the current continuation
+        self._client_prompt = prompt_tokens  # the gateway's count; replaced by the engine's when known
+
+    # -- the stream ---------------------------------------------------------------------------------------
+
+    @property
+    def truncated(self) -> bool:
+        return not self.done or self._parser.pending
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Consume upstream bytes; return the whole events to forward (possibly rewritten)."""
+        events = self._parser.feed(chunk)
+        self._pending += chunk
+        out = bytearray()
+        cut = 0
+        for event in events:
+            stop = event.end - self._base
+            raw = bytes(self._pending[cut:stop])
+            cut = stop
+            out += self._event(event.data, raw)
+        if cut:
+            del self._pending[:cut]
+            self._base += cut
+        return bytes(out)
+
+    def _event(self, data: str, raw: bytes) -> bytes:
+        if data == DONE_DATA:
+            self.done = True
+            return raw
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            self.data_events += 1
+            return raw
+        if not isinstance(obj, dict):
+            self.data_events += 1
+            return raw
+        err = obj.get("error")
+        if isinstance(err, Mapping):  # held back: the stream is treated as broken (and maybe continued)
+            self.error = dict(err)
+            self.error_raw = raw
+            return b""
+        if self.id is None:
+            self.id, self.created, self.model = obj.get("id"), obj.get("created"), obj.get("model")
+            self.fingerprint = obj.get("system_fingerprint")
+        usage = usage_from_mapping(obj.get("usage"))
+        if usage is not None:
+            self.attempt_usage = usage
+            self.usage = self._client_usage(usage)
+        choices = obj.get("choices")
+        if not choices:
+            if usage is None:
+                return self._out(obj, raw)
+            return b"" if self.strip_usage else self._out(obj, raw)
+        self.data_events += 1
+        keep = self._choices(choices) or not self.continuing  # a first stream passes through as it is
+        return self._out(obj, raw) if keep else b""
+
+    def _choices(self, choices: Any) -> bool:
+        """Record the choices of one chunk; False when the chunk must not reach the client (a continuation's
+        own ``role`` chunk)."""
+        keep = False
+        for choice in choices if isinstance(choices, list) else ():
+            if not isinstance(choice, dict):
+                keep = True
+                continue
+            reason = choice.get("finish_reason")
+            if reason is not None:
+                self.finish_reason = reason
+                keep = True
+            piece: Any
+            if self.endpoint == "chat":
+                delta = choice.get("delta")
+                if not isinstance(delta, dict):
+                    keep = True
+                    continue
+                if delta.get("tool_calls"):
+                    self.tool_calls = True
+                    keep = True
+                if delta.get("reasoning_content") or delta.get("reasoning"):
+                    self.reasoning = True
+                    keep = True
+                if "role" in delta:
+                    if self.role_sent and self.continuing:
+                        del delta["role"]
+                    else:
+                        self.role_sent = True
+                        keep = True
+                piece = delta.get("content")
+            else:
+                piece = choice.get("text")
+            if isinstance(piece, str) and piece:
+                self.pieces.append(piece)
+                self.produced += 1
+                self.attempt_events += 1
+                keep = True
+        return keep
+
+    def _out(self, obj: dict[str, Any], raw: bytes) -> bytes:
+        if not self.continuing:
+            return raw
+        obj["id"], obj["created"], obj["model"] = self.id, self.created, self.model
+        if self.fingerprint is None:
+            obj.pop("system_fingerprint", None)
+        else:
+            obj["system_fingerprint"] = self.fingerprint
+        if obj.get("usage") is not None and self.usage is not None:
+            obj["usage"] = usage_dict(self.usage)
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+    # -- continuation ------------------------------------------------------------------------------------
+
+    def refusal(self) -> str | None:
+        """Why what was streamed so far cannot be continued exactly (``None``: it can)."""
+        if self.tool_calls:
+            return "tool_calls"
+        if self.reasoning:
+            return "reasoning"
+        return None
+
+    def end_attempt(self, replica: str) -> None:
+        """The current upstream stream broke: keep what it cost and get ready for a continuation's stream."""
+        prompt = self._client_prompt + self._produced_before
+        usage = self.attempt_usage
+        cached = usage.cached_tokens if usage is not None else 0
+        self.attempts.append(Attempt(replica, prompt, self.attempt_events, cached))
+        self._parser = SSEParser()
+        self._pending.clear()
+        self._base = 0
+        self.done = False
+        self.error = None
+        self.error_raw = b""
+        self.attempt_events = 0
+        self.attempt_usage = None
+        self._produced_before = self.produced
+        self.continuing = True
+
+    def _client_usage(self, usage: Usage) -> Usage:
+        """Usage as the client sees it: the engine's prompt minus the text it was given back, and every
+        generated token once (those sent before the break, one per content event, plus the new ones)."""
+        if not self.continuing:
+            self._client_prompt = usage.prompt_tokens
+            return usage
+        prompt = usage.prompt_tokens - self._produced_before
+        if prompt < 1:  # an engine that counts differently: keep the gateway's own count
+            prompt = self._client_prompt
+        self._client_prompt = prompt
+        return Usage(
+            prompt_tokens=prompt,
+            completion_tokens=self._produced_before + usage.completion_tokens,
+            cached_tokens=min(usage.cached_tokens, prompt),
+            image_tokens=usage.image_tokens,
+        )
+
+    def final_usage(self) -> Usage:
+        """The client-visible usage, also when no engine reported one (counted from the events)."""
+        if self.usage is not None:
+            return self.usage
+        return Usage(prompt_tokens=self._client_prompt, completion_tokens=self.produced)
+
+    def real_work(self, replica: str) -> list[Attempt]:
+        """Every upstream stream of this request as the fleet ran it (the last one included)."""
+        usage = self.attempt_usage
+        prompt = self._client_prompt + self._produced_before
+        last = (
+            Attempt(replica, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+            if usage is not None
+            else Attempt(replica, prompt, self.attempt_events)
+        )
+        return [*self.attempts, last]
+
+    def closing_events(self, include_usage: bool) -> bytes:
+        """What ends a stream whose answer was already complete (finish seen, or no tokens left) although
+        its upstream broke before ``[DONE]``: a finish chunk when none was sent, usage if asked, and
+        ``[DONE]``."""
+        out = bytearray()
+        base = {"id": self.id, "object": _object(self.endpoint), "created": self.created, "model": self.model}
+        if self.finish_reason is None:
+            self.finish_reason = "length"
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+            choice["delta" if self.endpoint == "chat" else "text"] = {} if self.endpoint == "chat" else ""
+            out += b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n"
+        if include_usage:
+            usage = usage_dict(self.final_usage())
+            out += b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n"
+        out += b"data: [DONE]\n\n"
+        self.done = True
+        return bytes(out)
+
+
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    """OpenAI ``usage`` object of ``usage``."""
+    out: dict[str, Any] = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+    if usage.cached_tokens or usage.image_tokens:
+        details: dict[str, int] = {"cached_tokens": usage.cached_tokens}
+        if usage.image_tokens:
+            details["image_tokens"] = usage.image_tokens
+        out["prompt_tokens_details"] = details
+    return out
+
+
+def _object(endpoint: Endpoint) -> str:
+    return "chat.completion.chunk" if endpoint == "chat" else "text_completion"
