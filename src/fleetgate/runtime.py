@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from fleetgate.config import DeploymentConfig, FleetgateConfig, ReplicaConfig
+from fleetgate.core.lifecycle import LifecycleObserver, SortedOutputHistory
 from fleetgate.core.types import RandomSource
 from fleetgate.engines.client import UpstreamClient
 from fleetgate.engines.dialects import dialect
@@ -88,11 +89,14 @@ def build_gateway(
     rng: RandomSource | None = None,
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
+    observers: Sequence[LifecycleObserver] = (),
 ) -> GatewayServer:
-    """Every gateway object, wired: fleet, upstream client, metrics, admission, proxy, app, scraper."""
+    """Every gateway object, wired: fleet, upstream client, metrics, admission, proxy, app, scraper.
+    ``observers`` see every request's dispatch, first token and completion (``core.lifecycle``)."""
     gw = cfg.gateway
     rng = rng if rng is not None else random.Random()
-    fleet = Fleet(build_deployment(d) for d in cfg.deployments)
+    history = SortedOutputHistory()  # one per fleet: a tenant's output lengths, whichever model served them
+    fleet = Fleet(build_deployment(d, history=history, observers=observers) for d in cfg.deployments)
     client = UpstreamClient(connect_timeout_s=gw.connect_timeout_s)
     metrics = GatewayMetrics(fleet)
     gate = admission if admission is not None else build_admission(cfg, metrics.registry)
@@ -253,15 +257,14 @@ class _HealthFamilies:
 def attach_autoscaler(
     server: GatewayServer, model: str, provider: Any, autoscaler: Any, *, interval_s: float = 1.0
 ) -> Any:
-    """Autoscale ``model`` through ``provider`` (``fleetgate.autoscaler.AutoscalerLoop``): the proxy feeds
-    the loop's ``DemandMeter`` (MU started / settled); ``autoscaler`` comes from
+    """Autoscale ``model`` through ``provider`` (``fleetgate.autoscaler.AutoscalerLoop``): the deployment's
+    lifecycle feeds the loop its ``DemandMeter`` (MU started / settled); ``autoscaler`` comes from
     ``core.autoscale.build_autoscaler(name, params)``. Returns the loop."""
     from fleetgate.autoscaler import AutoscalerLoop, provider_counts
-    from fleetgate.core.autoscale import DemandMeter
 
     deployment = server.fleet.get(model)
-    meter = DemandMeter()
-    server.proxy.demand[model] = meter
+    meter = deployment.lifecycle.demand  # started and settled by the deployment's request lifecycle
+    assert meter is not None
 
     def routable(name: str) -> bool:
         replica = deployment.replicas.get(name)

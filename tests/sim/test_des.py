@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from fleetgate.cli import app
 from fleetgate.core.autoscale import build_autoscaler
+from fleetgate.core.routing.base import PolicyBase
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.units import DEFAULT_PROFILE, load_profile
 from fleetgate.sim.des import SimConfig, Simulator
@@ -22,7 +23,7 @@ def _trace(n: int = 200, rate: float = 20.0) -> Trace:
     return synthetic_trace(n, rate, seed=5, prefix_groups=4, prefix_blocks=2)
 
 
-class RecordingPolicy:
+class RecordingPolicy(PolicyBase):
     """Wraps a real policy and records how the simulator calls it (the gateway's call sequence)."""
 
     def __init__(self, inner: object) -> None:
@@ -68,7 +69,7 @@ def test_every_request_is_picked_dispatched_and_completed_once() -> None:
 def test_snapshots_carry_gateway_inflight_counters() -> None:
     seen: list[tuple[int, float]] = []
 
-    class Spy:
+    class Spy(PolicyBase):
         name = "spy"
 
         def pick(self, request, replicas, now, rng, exclude=frozenset()):  # type: ignore[no-untyped-def]

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from fleetgate.core.lifecycle import SortedOutputHistory
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo, Usage
 from fleetgate.core.units import OutputHistory
-from fleetgate.sim.entities import SortedOutputHistory, engine_request, frozen_builder, request_info
+from fleetgate.sim.entities import engine_request, frozen_builder, request_info
 from fleetgate.simengine.perfmodel import EngineModel, EngineRequest, PerfParams, StepResult
 
 

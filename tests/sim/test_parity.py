@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from fleetgate.config import DeploymentConfig, ReplicaConfig, RoutingConfig
+from fleetgate.core.routing.base import PolicyBase
 from fleetgate.core.routing.registry import POLICY_NAMES, build_policy
 from fleetgate.core.types import ReplicaSnapshot
 from fleetgate.core.units import load_profile
@@ -26,7 +27,7 @@ from fleetgate.sim.engine import engine_factory
 from fleetgate.sim.traces import synthetic_trace
 
 
-class Recorder:
+class Recorder(PolicyBase):
     """Passes every call to the real policy and keeps a log of it (inputs and outputs)."""
 
     def __init__(self, inner: Any) -> None:
@@ -92,10 +93,10 @@ def test_simulator_and_gateway_path_make_identical_decisions(policy: str) -> Non
             picks += 1
         elif kind == "dispatch":
             _, info, name, now = entry
-            dep.replicas[name].begin(info.cost_mu)
-            dep.policy.on_dispatch(info, name, now)
+            dep.lifecycle.dispatch(info, name, dep.replicas[name], now)
         else:
             _, info, name, now, cost, ok = entry
+            assert ok
             dep.replicas[name].end(info.cost_mu, ok, now)
             dep.policy.on_complete(info, name, now, cost, ok)
     assert picks == 600

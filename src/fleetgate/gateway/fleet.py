@@ -9,24 +9,27 @@ snapshots. Everything runs on one event loop, so no locks are needed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetgate.config import DeploymentConfig
+from fleetgate.core.autoscale import DemandMeter
 from fleetgate.core.errors import NotFoundError
+from fleetgate.core.lifecycle import Lifecycle, LifecycleObserver, ReplicaLoad, SortedOutputHistory
 from fleetgate.core.routing.base import RoutingPolicy
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.types import HealthState, RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
-from fleetgate.core.units import CostProfile, OutputHistory, load_profile
+from fleetgate.core.units import CostProfile, load_profile
 from fleetgate.engines.metrics import EngineSignals
 
 log = logging.getLogger("fleetgate.gateway")
 
 
 @dataclass(slots=True)
-class ReplicaState:
-    """One replica: identity, gateway-side load, engine-side load, health."""
+class ReplicaState(ReplicaLoad):
+    """One replica: identity, gateway-side load (``ReplicaLoad``, kept by the deployment's lifecycle),
+    engine-side load, health."""
 
     name: str
     url: str
@@ -34,16 +37,10 @@ class ReplicaState:
     capacity_mu_per_min: float = 100.0
     health: HealthState = HealthState.HEALTHY
     draining: bool = False
-    inflight_requests: int = 0
-    inflight_mu: float = 0.0
     engine: EngineSignals | None = None
     engine_prefix_hit_rate: float | None = None
     last_scrape_ok: bool | None = None
-    consecutive_failures: int = 0
     ejected_until_s: float = 0.0
-    completed: int = 0
-    failed: int = 0
-    last_success_s: float | None = None
     idle_waiters: list[Callable[[], None]] = field(default_factory=list)
 
     def snapshot(self) -> ReplicaSnapshot:
@@ -64,20 +61,9 @@ class ReplicaState:
             ejected_until_s=self.ejected_until_s,
         )
 
-    def begin(self, cost_mu: float) -> None:
-        self.inflight_requests += 1
-        self.inflight_mu += cost_mu
-
     def end(self, cost_mu: float, ok: bool, now: float) -> None:
-        self.inflight_requests -= 1
-        self.inflight_mu = max(self.inflight_mu - cost_mu, 0.0) if self.inflight_requests else 0.0
-        if ok:
-            self.completed += 1
-            self.consecutive_failures = 0
-            self.last_success_s = now
-        else:
-            self.failed += 1
-            self.consecutive_failures += 1
+        """``ReplicaLoad.end``, then wake whoever waits for the replica to go idle (draining)."""
+        ReplicaLoad.end(self, cost_mu, ok, now)
         if self.inflight_requests == 0 and self.idle_waiters:
             waiters, self.idle_waiters = self.idle_waiters, []
             for wake in waiters:
@@ -85,9 +71,22 @@ class ReplicaState:
 
 
 class Deployment:
-    """A model served by a set of replicas, with its routing policy and cost profile."""
+    """A model served by a set of replicas, with its routing policy, cost profile and request lifecycle.
 
-    def __init__(self, config: DeploymentConfig, policy: RoutingPolicy, profile: CostProfile) -> None:
+    ``lifecycle`` (``core.lifecycle.Lifecycle``) keeps the replicas' in-flight counters, the estimate's output
+    history (``history``, shared by the fleet's deployments when given), the autoscaler's demand meter, the
+    dispatch gate and the policy hooks; ``observers`` see every dispatch, first token and completion.
+    """
+
+    def __init__(
+        self,
+        config: DeploymentConfig,
+        policy: RoutingPolicy,
+        profile: CostProfile,
+        *,
+        history: SortedOutputHistory | None = None,
+        observers: Sequence[LifecycleObserver] = (),
+    ) -> None:
         self.config = config
         self.model = config.model
         self.upstream_model = config.upstream_model or config.model
@@ -97,7 +96,15 @@ class Deployment:
         self.policy = policy
         self.profile = profile
         self.replicas: dict[str, ReplicaState] = {}
-        #: ``gateway.gate.GateShell`` driving the policy's dispatch gate (made by the proxy on first use)
+        self.lifecycle: Lifecycle[Any] = Lifecycle(
+            policy,
+            profile,
+            snapshots=self.snapshots,
+            history=history,
+            demand=DemandMeter(),
+            observers=observers,
+        )
+        #: ``gateway.gate.GateShell`` driving the lifecycle's dispatch gate (made by the proxy on first use)
         self.gate_shell: Any = None
         for replica in config.replicas:
             self.add_replica(replica.name, replica.url)
@@ -133,8 +140,14 @@ class Deployment:
         return any(r.snapshot().routable for r in self.replicas.values())
 
 
-def build_deployment(config: DeploymentConfig) -> Deployment:
-    """A deployment with its routing policy built by name and its cost profile loaded."""
+def build_deployment(
+    config: DeploymentConfig,
+    *,
+    history: SortedOutputHistory | None = None,
+    observers: Sequence[LifecycleObserver] = (),
+) -> Deployment:
+    """A deployment with its routing policy built by name and its cost profile loaded (``history`` and
+    ``observers``: see ``Deployment``)."""
     try:
         policy = build_policy(config.routing.policy, config.routing.params)
     except ImportError as exc:  # a policy module not delivered yet: keep serving with round robin
@@ -143,32 +156,14 @@ def build_deployment(config: DeploymentConfig) -> Deployment:
     profile = load_profile(config.cost_profile)
     if profile.capacity_mu_per_min != config.capacity_mu_per_min:
         profile = profile.with_capacity(config.capacity_mu_per_min)
-    return Deployment(config, policy, profile)
+    return Deployment(config, policy, profile, history=history, observers=observers)
 
 
 class Fleet:
-    """All deployments by model name, plus per-tenant output history for cost estimates."""
+    """All deployments by model name (each with its request lifecycle)."""
 
     def __init__(self, deployments: Iterable[Deployment] = ()) -> None:
         self.deployments: dict[str, Deployment] = {d.model: d for d in deployments}
-        self.output_history = OutputHistory()
-        self._p90: dict[str, tuple[float | None, int]] = {}  # tenant -> (p90, observations when computed)
-        self._observed: dict[str, int] = {}
-
-    def observe_output(self, tenant: str, output_tokens: int) -> None:
-        """Record a finished request's output length (feeds future cost estimates)."""
-        self.output_history.observe(tenant, output_tokens)
-        self._observed[tenant] = self._observed.get(tenant, 0) + 1
-
-    def output_p90(self, tenant: str, refresh_every: int = 16) -> float | None:
-        """The tenant's recent output p90, recomputed every ``refresh_every`` observations (it sorts)."""
-        seen = self._observed.get(tenant, 0)
-        cached = self._p90.get(tenant)
-        if cached is not None and seen - cached[1] < refresh_every:
-            return cached[0]
-        value = self.output_history.p90(tenant)
-        self._p90[tenant] = (value, seen)
-        return value
 
     def get(self, model: str) -> Deployment:
         deployment = self.deployments.get(model)

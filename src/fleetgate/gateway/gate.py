@@ -1,5 +1,6 @@
-"""The asyncio shell around a policy's dispatch gate (``core.routing.gate``): held requests wait on a future,
-one timer wakes the gate when the policy expects a replica to be free.
+"""The asyncio shell around a deployment's dispatch gate (``core.routing.gate``, driven through
+``core.lifecycle.Lifecycle``): held requests wait on a future, one timer wakes the gate when the policy
+expects a replica to be free.
 
 A released request resumes in the same loop turn, before the next drain runs (``call_soon`` is FIFO), and
 its pick and ``on_dispatch`` are synchronous, so the backlog the next drain reads already counts it.
@@ -9,44 +10,35 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
-from fleetgate.core.routing.gate import DispatchGate
-from fleetgate.core.types import ReplicaSnapshot, RequestInfo
+from fleetgate.core.lifecycle import Lifecycle
+from fleetgate.core.types import RequestInfo
 
 
 class GateShell:
-    """Drives ``policy.gate`` for one deployment. ``snapshots`` gives the current replica snapshots."""
+    """Drives the gate of one deployment's ``lifecycle`` with futures and a timer."""
 
-    def __init__(
-        self,
-        policy: Any,
-        snapshots: Callable[[], list[ReplicaSnapshot]],
-        clock: Callable[[], float],
-    ) -> None:
-        self.policy = policy
-        self.gate: DispatchGate[asyncio.Future[None]] = policy.gate
-        self.snapshots = snapshots
+    def __init__(self, lifecycle: Lifecycle[asyncio.Future[None]], clock: Callable[[], float]) -> None:
+        self.lifecycle = lifecycle
         self.clock = clock
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._drain_soon = False
 
     def held(self) -> int:
-        return len(self.gate)
+        return self.lifecycle.held()
 
     async def wait_turn(self, info: RequestInfo) -> float:
         """Return when the request may be routed; the seconds it was held (0.0 when not held)."""
         now = self.clock()
-        if not self.gate.should_hold(self.policy.backlog_s(self.snapshots(), now)):
-            return 0.0
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.gate.push(fut, self.policy.gate_prefill_s(info), now)
+        if not self.lifecycle.hold(fut, info, now):
+            return 0.0
         self._drain()
         try:
             await fut
         except asyncio.CancelledError:
-            self.gate.remove(fut)  # the client left while held: nothing was sent anywhere
+            self.lifecycle.forget(fut)  # the client left while held: nothing was sent anywhere
             raise
         return self.clock() - now
 
@@ -54,9 +46,10 @@ class GateShell:
         """Release the next held request if a replica is (nearly) free, else arm the timer."""
         self._drain_soon = False
         now = self.clock()
-        backlog = self.policy.backlog_s(self.snapshots(), now)
+        lifecycle = self.lifecycle
+        backlog = lifecycle.backlog_s(now)
         while True:
-            fut = self.gate.pop(backlog, now)
+            fut = lifecycle.release(backlog, now)
             if fut is None:
                 break
             if fut.done():  # cancelled between its release and now
@@ -66,7 +59,7 @@ class GateShell:
             self._drain_soon = True
             asyncio.get_running_loop().call_soon(self._drain)
             return
-        wake = self.gate.next_wake(backlog, now)
+        wake = lifecycle.next_wake(backlog, now)
         if wake is None:
             return
         if self._timer is not None:
@@ -87,8 +80,8 @@ class GateShell:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        while len(self.gate):
-            fut = self.gate.pop(0.0, self.clock())
+        while self.lifecycle.held():
+            fut = self.lifecycle.release(0.0, self.clock())
             if fut is None:
                 break
             if not fut.done():

@@ -198,7 +198,7 @@ class _FleetCollector(Collector):
             labels=["deployment"],
         )
         for dep in self._fleet.deployments.values():
-            gate = getattr(dep.policy, "gate", None)
+            gate = dep.policy.gate
             if gate is not None:
                 held.add_metric([dep.model], len(gate))
                 held_total.add_metric([dep.model], gate.held_total)

@@ -13,6 +13,10 @@ with one SSE error event. A non-streamed response must arrive whole within ``non
 most ``max_upstream_body_bytes``. A client that goes away cancels the handler (aiohttp
 ``handler_cancellation``), which closes the upstream connection, which the engine sees as an abort. Every
 admitted request is settled (it ran) or released (it never ran).
+
+The rules of a request's way through a deployment (estimate, in-flight counters, dispatch gate, the policy's
+hooks, settlement, output history, demand) are ``core.lifecycle.Lifecycle``'s, shared with the simulator;
+this module does the I/O around them: when to call, with which clock reading.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -86,14 +90,6 @@ ENGINE_PRIORITY: Mapping[Priority, int] = LOW_FIRST
 ResultListener = Callable[[str, str, bool, float], None]
 
 
-class DemandSink(Protocol):
-    """Per-deployment MU demand (``core.autoscale.DemandMeter`` fits): the autoscaler's input."""
-
-    def start(self, estimate_mu: float) -> None: ...
-
-    def finish(self, estimate_mu: float, actual_mu: float, now_s: float) -> None: ...
-
-
 @dataclass(slots=True)
 class _Call:
     """What one client request did, for metrics and settlement."""
@@ -147,8 +143,6 @@ class Proxy:
         self.rng = rng
         self.clock = clock
         self.listeners: list[ResultListener] = []
-        #: model -> demand meter, told when an admitted request starts and when it is settled/released
-        self.demand: dict[str, DemandSink] = {}
         #: ``fleetgate.ops.web.Ops`` (SLO window + access log), told about every finished request
         self.slo: Any = None
         self.shutting_down = False
@@ -156,7 +150,7 @@ class Proxy:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    # -- lifecycle helpers --------------------------------------------------------------------------------
+    # -- shutdown -----------------------------------------------------------------------------------------
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight (graceful shutdown); False when ``timeout_s`` ran out."""
@@ -196,9 +190,7 @@ class Proxy:
                 parsed = dataclasses.replace(parsed, body=new_body)
             info = self._request_info(parsed, deployment, tenant, request, request_id, start, image_tokens)
             ticket = await self.admission.admit(tenant, info, self.admission_clock())
-            meter = self.demand.get(deployment.model)
-            if meter is not None:
-                meter.start(info.cost_mu)
+            deployment.lifecycle.start(info)
             try:  # from here on the ticket is always settled or released
                 call.headers = ticket_headers(ticket)
                 response = await self._dispatch(request, deployment, parsed, info, call)
@@ -232,10 +224,9 @@ class Proxy:
         image_tokens: int = 0,
     ) -> RequestInfo:
         name = tenant_name(tenant)
-        profile = deployment.profile
-        p90 = self.fleet.output_p90(name)
-        expected = profile.expected_output_tokens(parsed.max_output_tokens, p90)
-        cost = profile.cost(parsed.input_tokens, expected, image_tokens=image_tokens)
+        expected, cost = deployment.lifecycle.estimate(
+            name, parsed.input_tokens, parsed.max_output_tokens, image_tokens
+        )
         return parsed.request_info(
             request_id,
             tenant=name,
@@ -290,6 +281,7 @@ class Proxy:
         call.info = info
         call.body = body
         call.endpoint = parsed.endpoint
+        lifecycle = deployment.lifecycle
         shell = self._gate_shell(deployment)
         if shell is not None:
             await shell.wait_turn(info)  # the dispatch gate: held while every replica is busy with prefill
@@ -298,7 +290,7 @@ class Proxy:
         for _ in range(self.config.max_attempts):
             t0 = perf_counter()
             try:
-                decision = deployment.pick(info, self.clock(), self.rng, frozenset(exclude))
+                decision = lifecycle.route(info, self.clock(), self.rng, frozenset(exclude))
             except ServiceUnavailableError:
                 if last is not None:
                     break
@@ -312,8 +304,7 @@ class Proxy:
             call.replica = replica
             call.attempts.append(replica.name)
             call.ok = False
-            replica.begin(info.cost_mu)
-            deployment.policy.on_dispatch(info, replica.name, self.clock())
+            lifecycle.dispatch(info, replica.name, replica, self.clock())
             try:
                 return await self._attempt(request, deployment, replica, parsed, body, strip, call)
             except asyncio.CancelledError:
@@ -342,8 +333,8 @@ class Proxy:
     def _gate_shell(self, deployment: Deployment) -> GateShell | None:
         """The deployment's dispatch-gate shell, when its policy has a gate (made on first use)."""
         shell = deployment.gate_shell
-        if shell is None and getattr(deployment.policy, "gate", None) is not None:
-            shell = deployment.gate_shell = GateShell(deployment.policy, deployment.snapshots, self.clock)
+        if shell is None and deployment.lifecycle.gated:
+            shell = deployment.gate_shell = GateShell(deployment.lifecycle, self.clock)
         return shell
 
     def _attempt_done(
@@ -352,10 +343,7 @@ class Proxy:
         now = self.clock()
         neutral = call.client_gone  # the client left: says nothing about the replica
         ok = call.ok or neutral
-        usage = call.attempt_usage or call.usage
-        cost = deployment.profile.settle(usage) if usage is not None else info.cost_mu
-        replica.end(info.cost_mu, ok, now)
-        deployment.policy.on_complete(info, replica.name, now, cost, ok)
+        deployment.lifecycle.finish(info, replica.name, replica, now, call.attempt_usage or call.usage, ok)
         for listener in self.listeners:
             listener(deployment.model, replica.name, ok, now)
 
@@ -488,9 +476,8 @@ class Proxy:
                 await response.write(first)
                 tail = b""
             call.ttft_s = self.clock() - call.start
-            first_token = getattr(deployment.policy, "on_first_token", None)
-            if first_token is not None and call.info is not None:
-                first_token(call.info, replica.name, self.clock())
+            if call.info is not None:
+                deployment.lifecycle.first_token(call.info, replica.name, self.clock())
             self.metrics.replica(deployment.model, replica.name).ttft.observe(call.ttft_s)
             try:
                 if not tail and not content.at_eof():
@@ -590,7 +577,7 @@ class Proxy:
             replica: ReplicaState | None = None
             if reason is None:
                 try:
-                    decision = deployment.pick(info, broke_at, self.rng, frozenset(call.attempts))
+                    decision = deployment.lifecycle.route(info, broke_at, self.rng, frozenset(call.attempts))
                     replica = deployment.replicas.get(decision.replica)
                 except ServiceUnavailableError:
                     replica = None
@@ -604,8 +591,7 @@ class Proxy:
             call.replica = replica
             call.continuations += 1
             body = orjson.dumps(continuation_body(original, call.endpoint, tracker.text, tracker.produced))
-            replica.begin(info.cost_mu)
-            deployment.policy.on_dispatch(info, replica.name, broke_at)
+            deployment.lifecycle.dispatch(info, replica.name, replica, broke_at)
             ok = False
             try:
                 tail, attempt_error = await self._continue_on(
@@ -688,8 +674,7 @@ class Proxy:
         self, deployment: Deployment, replica: ReplicaState, failed: ReplicaState, info: RequestInfo, ok: bool
     ) -> None:
         now = self.clock()
-        replica.end(info.cost_mu, ok, now)
-        deployment.policy.on_complete(info, replica.name, now, info.cost_mu, ok)
+        deployment.lifecycle.finish(info, replica.name, replica, now, None, ok)  # cost: the estimate
         for listener in self.listeners:
             listener(deployment.model, replica.name, ok, now)
         self.metrics.continuations.labels(
@@ -741,25 +726,13 @@ class Proxy:
         A client that leaves while an engine already works on its request is charged what is known to have
         run (the prompt), so disconnecting just before the answer does not make a request free.
         """
-        meter = self.demand.get(deployment.model)
+        lifecycle = deployment.lifecycle
         if not call.ran and not (call.client_gone and call.attempts):
             self.admission.release(ticket)
-            if meter is not None:
-                meter.finish(info.cost_mu, 0.0, self.clock())
+            lifecycle.release_demand(info, self.clock())
             return
-        usage = call.usage
-        if usage is None:
-            usage = Usage(
-                prompt_tokens=info.input_tokens,
-                completion_tokens=call.output_events,
-                image_tokens=info.image_tokens,
-            )
-        actual = deployment.profile.settle(usage)
+        actual = lifecycle.settle(info, call.usage, self.clock(), streamed_tokens=call.output_events)
         call.mu = actual
-        if meter is not None:
-            meter.finish(info.cost_mu, actual, self.clock())
-        if call.usage is not None:
-            self.fleet.observe_output(info.tenant, usage.completion_tokens)
         settle = self.admission.settle(ticket, actual, self.admission_clock(), usage=call.usage)
         if self._instant_settle:
             await settle  # completes without suspending: nothing to protect

@@ -8,10 +8,12 @@ they keep that order without heap traffic), a *global scheduler* (the router: a 
 engine performance model, advanced one **batch change** at a time through its macro step instead of one
 token at a time).
 
-What the router sees is what the live gateway sees: ``ReplicaSnapshot`` built from the gateway's own
-in-flight counters (updated at dispatch and settle) plus engine metrics "scraped" every ``scrape_interval_s``.
-Request costs come from ``core.units.CostProfile`` (estimate before, settle after) with the output length
-estimated from the tenant's observed p90 (``core.units.OutputHistory``), as in the gateway.
+The request lifecycle is the gateway's own object, ``core.lifecycle.Lifecycle``: the estimate (the tenant's
+observed output p90), the in-flight counters the router reads (updated at dispatch and settle), the
+dispatch gate, the policy's hooks, settlement, the output history and the autoscaler's demand meter change
+exactly as in ``gateway/proxy.py``; this module owns only the simulated clock, the events and the engines.
+What the router sees is what the live gateway sees: ``ReplicaSnapshot`` built from those counters plus
+engine metrics "scraped" every ``scrape_interval_s``.
 
 Nothing global: randomness is a ``random.Random(seed)`` owned by the run, ids come from an injected factory.
 """
@@ -22,15 +24,15 @@ import heapq
 import math
 import random
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from fleetgate.core.autoscale import AutoscaleContext, Autoscaler
+from fleetgate.core.autoscale import AutoscaleContext, Autoscaler, DemandMeter
 from fleetgate.core.errors import ServiceUnavailableError
+from fleetgate.core.lifecycle import Lifecycle, LifecycleObserver, SortedOutputHistory
 from fleetgate.core.routing.base import RoutingPolicy
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo, RouteDecision, Usage
 from fleetgate.core.units import CostProfile
@@ -41,7 +43,6 @@ from fleetgate.sim.entities import (
     ReplicaState,
     SimReplica,
     SimRequest,
-    SortedOutputHistory,
     engine_request,
     frozen_builder,
     request_info,
@@ -126,6 +127,7 @@ class Simulator:
         *,
         autoscaler: Autoscaler | None = None,
         admission: Admission | None = None,
+        observers: Sequence[LifecycleObserver] = (),
     ) -> None:
         self.trace = trace
         self.policy = policy
@@ -135,9 +137,16 @@ class Simulator:
         self.autoscaler = autoscaler
         self.admission = admission
         self.rng = random.Random(config.seed)
-        # core.units.OutputHistory's answers, with an O(1) p90 (the simulator asks once per request).
         self.history = SortedOutputHistory()
-        self._est_out: dict[str, float] = {}  # tenant -> expected output tokens until its next completion
+        # The gateway's lifecycle; the demand meter only feeds the autoscaler, so it runs only with one.
+        self.lifecycle: Lifecycle[tuple[int, RequestInfo]] = Lifecycle(
+            policy,
+            profile,
+            snapshots=self.snapshots,
+            history=self.history,
+            demand=DemandMeter() if autoscaler is not None else None,
+            observers=observers,
+        )
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self.now = 0.0
@@ -145,10 +154,6 @@ class Simulator:
         self._snapshots: list[ReplicaSnapshot] = []
         self._snap_stale = True
         self._scale_state: Any = None
-        self._settled: deque[tuple[float, float]] = deque()
-        self._settled_sum = 0.0
-        self._inflight_total_mu = 0.0
-        self._inflight_total_req = 0
         self._active: dict[str, SimRequest] = {}
         self._too_large = 0
         self._fits: Callable[[int, int], bool] | None = None
@@ -167,13 +172,10 @@ class Simulator:
         self._name_index: dict[str, SimReplica] = {}
         self._visible: list[SimReplica] = []
         self._dirty: list[SimReplica] = []
-        # The policy's dispatch gate (core.routing.gate), when it has one: held requests are released by
+        # The dispatch gate (core.routing.gate), when the policy has one: held requests are released by
         # GATE_WAKE events at the time the policy expects a replica to be free.
-        self._gate: Any = getattr(policy, "gate", None)
+        self._gated = self.lifecycle.gated
         self._gate_wake: float | None = None
-        self._on_first_token: Callable[[RequestInfo, str, float], None] | None = getattr(
-            policy, "on_first_token", None
-        )
 
     # ----------------------------------------------------------------------------------------- heap
 
@@ -256,18 +258,14 @@ class Simulator:
     def _request_info(self, idx: int) -> RequestInfo:
         """What the gateway knows before routing: the estimate from the tenant's observed p90 output."""
         tr = self.trace.requests[idx]
-        tenant = tr.tenant
-        est_out = self._est_out.get(tenant)
-        if est_out is None:  # changes only when the tenant's output history does
-            p90 = self.history.p90(tenant)
-            est_out = self._est_out[tenant] = self.profile.expected_output_tokens(None, p90)
+        est_out, cost = self.lifecycle.estimate(tr.tenant, tr.input_tokens)
         return request_info(
             self.cfg.request_ids(idx),
             self.cfg.model,
-            tenant,
+            tr.tenant,
             tr.input_tokens,
             int(est_out),
-            self.profile.cost(tr.input_tokens, est_out),
+            cost,
             tr.hash_ids,
             tr.block_tokens,
             tr.session,
@@ -285,27 +283,22 @@ class Simulator:
         if self.admission is not None and not self.admission.admit(info, now):
             self._rejected += 1
             return
-        gate = self._gate
-        if gate is not None:
-            backlog = self.policy.backlog_s(self.snapshots(), now)  # type: ignore[attr-defined]
-            if gate.should_hold(backlog):
-                gate.push((idx, info), self.policy.gate_prefill_s(info), now)  # type: ignore[attr-defined]
-                self._drain_gate(now)
-                return
+        self.lifecycle.start(info)
+        if self._gated and self.lifecycle.hold((idx, info), info, now):
+            self._drain_gate(now)
+            return
         self._route(idx, info, now)
 
     def _drain_gate(self, now: float) -> None:
         """Release held requests while a replica is (nearly) free; else wake up when one will be."""
-        gate = self._gate
-        assert gate is not None
-        backlog_of = self.policy.backlog_s  # type: ignore[attr-defined]
+        lifecycle = self.lifecycle
         while True:
-            backlog = backlog_of(self.snapshots(), now)
-            item = gate.pop(backlog, now)
+            backlog = lifecycle.backlog_s(now)
+            item = lifecycle.release(backlog, now)
             if item is None:
                 break
             self._route(item[0], item[1], now)
-        wake = gate.next_wake(backlog, now)
+        wake = lifecycle.next_wake(backlog, now)
         if wake is not None and wake != self._gate_wake:
             self._gate_wake = wake
             self._push(max(wake, now), GATE_WAKE, wake)
@@ -314,21 +307,17 @@ class Simulator:
         """Pick a replica for an admitted request and hand it to that replica's engine."""
         tr = self.trace.requests[idx]
         out_tokens = max(1, tr.output_tokens)
+        lifecycle = self.lifecycle
         try:
-            decision = self.policy.pick(info, self.snapshots(), now, self.rng)
+            decision = lifecycle.route(info, now, self.rng)
         except ServiceUnavailableError:
             self._rejected += 1
+            lifecycle.release_demand(info, now)
             return
         rep = self._by_name(decision.replica)
-        cost = info.cost_mu
         rid = info.request_id
-        self._active[rid] = SimRequest(idx, info, cost, rep.idx, now)
-        self.policy.on_dispatch(info, rep.name, now)
-        rep.inflight_requests += 1
-        rep.inflight_mu += cost
-        rep.mark_dirty()
-        self._inflight_total_mu += cost
-        self._inflight_total_req += 1
+        self._active[rid] = SimRequest(idx, info, info.cost_mu, rep.idx, now)
+        lifecycle.dispatch(info, rep.name, rep, now)
         self._dispatch[idx] = now
         self._replica_of[idx] = rep.idx
         eng = rep.engine
@@ -368,12 +357,11 @@ class Simulator:
                 cached_of[active[rid].idx] = cached
         if res.first_token:
             first = self._first
-            hook = self._on_first_token
+            first_token = self.lifecycle.first_token
             for rid, t in res.first_token.items():
                 req = active[rid]
                 first[req.idx] = t
-                if hook is not None:
-                    hook(req.info, rep.name, t)
+                first_token(req.info, rep.name, t)
         if res.finished:
             fin = res.finished
             if len(fin) == 1:
@@ -390,21 +378,8 @@ class Simulator:
         if math.isnan(self._first[i]):
             self._first[i] = t
         self._done[i] = t
-        cost = self.profile.settle(usage(tr.input_tokens, tr.output_tokens, self._cached[i]))
-        self._cost[i] = cost
-        rep.inflight_requests -= 1
-        rep.inflight_mu -= req.est_mu
-        if rep.inflight_requests == 0:
-            rep.inflight_mu = 0.0  # no float drift
-        rep.mark_dirty()
-        self._inflight_total_mu -= req.est_mu
-        self._inflight_total_req -= 1
-        if self.autoscaler is not None:  # the settled-MU window only feeds the autoscaler
-            self._settled.append((t, cost))
-            self._settled_sum += cost
-        self.history.observe(tr.tenant, tr.output_tokens)
-        self._est_out.pop(tr.tenant, None)
-        self.policy.on_complete(req.info, rep.name, t, cost, True)
+        u = usage(tr.input_tokens, tr.output_tokens, self._cached[i])
+        cost = self._cost[i] = self.lifecycle.complete(req.info, rep.name, rep, t, u)
         if self.admission is not None:
             self.admission.settle(req.info, cost, t)
         self._maybe_stop(rep, t)
@@ -413,8 +388,8 @@ class Simulator:
 
     def _autoscale(self, now: float) -> None:
         assert self.autoscaler is not None
-        while self._settled and self._settled[0][0] < now - 60.0:
-            self._settled_sum -= self._settled.popleft()[1]
+        demand = self.lifecycle.demand
+        assert demand is not None
         ready = sum(1 for r in self.replicas if r.state == ReplicaState.READY)
         starting = sum(1 for r in self.replicas if r.state == ReplicaState.STARTING)
         ctx = AutoscaleContext(
@@ -423,9 +398,9 @@ class Simulator:
             ready_replicas=ready,
             starting_replicas=starting,
             capacity_mu_per_min=self.profile.capacity_mu_per_min,
-            settled_mu_per_min=max(0.0, self._settled_sum),
-            inflight_mu=max(0.0, self._inflight_total_mu),
-            inflight_requests=float(self._inflight_total_req),
+            settled_mu_per_min=demand.settled_mu_per_min(now),
+            inflight_mu=demand.inflight_mu,
+            inflight_requests=float(demand.inflight_requests),
             policy_state=self._scale_state,
         )
         desired, self._scale_state = self.autoscaler.decide(ctx)

@@ -6,16 +6,13 @@ simulator's id factory, never drawn from globals.
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left, insort
-from collections import deque
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from enum import IntEnum
 from typing import Any, Protocol, TypeVar
 
+from fleetgate.core.lifecycle import ReplicaLoad
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
-from fleetgate.core.units import OutputHistory
 from fleetgate.simengine.perfmodel import EngineRequest, StepResult
 
 _T = TypeVar("_T")
@@ -157,8 +154,9 @@ class SimRequest:
 
 
 @dataclass(slots=True)
-class SimReplica:
-    """One engine replica plus the gateway-side counters the router sees."""
+class SimReplica(ReplicaLoad):
+    """One engine replica plus the gateway-side counters the router sees (``ReplicaLoad``, kept by the
+    lifecycle; a change marks the snapshot for rebuilding)."""
 
     idx: int
     name: str
@@ -168,8 +166,6 @@ class SimReplica:
     provisioned_s: float = 0.0
     ready_s: float = 0.0
     stopped_s: float | None = None
-    inflight_requests: int = 0
-    inflight_mu: float = 0.0
     version: int = 0
     scheduled_s: float | None = None
     # Engine metrics as last "scraped" by the gateway (lag like the live scraper's).
@@ -187,6 +183,14 @@ class SimReplica:
         if self.state == ReplicaState.STARTING:
             return HealthState.STARTING
         return HealthState.HEALTHY
+
+    def begin(self, cost_mu: float) -> None:
+        ReplicaLoad.begin(self, cost_mu)
+        self.mark_dirty()
+
+    def end(self, cost_mu: float, ok: bool, now: float) -> None:
+        ReplicaLoad.end(self, cost_mu, ok, now)
+        self.mark_dirty()
 
     def mark_dirty(self) -> None:
         """A counter the router sees changed: rebuild the snapshot before the next pick."""
@@ -228,55 +232,3 @@ class SimReplica:
         ):
             self.scraped_waiting, self.scraped_running, self.scraped_kv, self.scraped_hit_rate = w, r, kv, hr
             self.mark_dirty()
-
-
-class SortedOutputHistory(OutputHistory):
-    """``core.units.OutputHistory`` (same window, minimum, tenant limit and answers) with an O(1) ``p90``.
-
-    The gateway sorts a tenant's last ``window`` output lengths for every estimate; the simulator asks once
-    per request, so it keeps each window sorted as it changes (``bisect``) and memoises the p90 until the
-    tenant's next observation. ``tests/sim/test_des.py`` checks it against ``OutputHistory`` value by value.
-    """
-
-    def __init__(self, window: int = 256, min_samples: int = 8, max_tenants: int = 100_000) -> None:
-        super().__init__(window, min_samples, max_tenants)
-        self._sorted: dict[str, list[int]] = {}
-        self._p90: dict[str, float | None] = {}
-
-    def observe(self, tenant: str, output_tokens: int) -> None:
-        """Record one completed request's output length."""
-        buf = self._data.pop(tenant, None)
-        if buf is None:
-            buf = deque(maxlen=self.window)
-            if len(self._data) >= self.max_tenants:
-                old = next(iter(self._data))
-                del self._data[old]
-                self._sorted.pop(old, None)
-                self._p90.pop(old, None)
-            values: list[int] = []
-            self._sorted[tenant] = values
-        else:
-            values = self._sorted[tenant]
-        v = max(int(output_tokens), 0)
-        if len(buf) == self.window:
-            del values[bisect_left(values, buf[0])]  # the deque drops its oldest value on append
-        buf.append(v)
-        insort(values, v)
-        self._data[tenant] = buf
-        self._p90.pop(tenant, None)
-
-    def quantile(self, tenant: str, q: float) -> float | None:
-        """Nearest-rank quantile of the tenant's recent output lengths (``None`` when too few)."""
-        values = self._sorted.get(tenant)
-        if values is None or len(values) < self.min_samples:
-            return None
-        rank = max(math.ceil(q * len(values)), 1)
-        return float(values[rank - 1])
-
-    def p90(self, tenant: str) -> float | None:
-        """The tenant's 90th-percentile output length, or ``None`` until ``min_samples`` were seen."""
-        try:
-            return self._p90[tenant]
-        except KeyError:
-            value = self._p90[tenant] = self.quantile(tenant, 0.9)
-            return value

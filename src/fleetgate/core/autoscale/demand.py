@@ -1,14 +1,20 @@
-"""The autoscalers' input: MU demand of one deployment (settled MU over a window plus MU in flight)."""
+"""The autoscalers' input: MU demand of one deployment (settled MU over a window plus MU in flight), fed by
+the request lifecycle (``core.lifecycle.Lifecycle``)."""
 
 from __future__ import annotations
 
-import math
+from collections import deque
 
 
 class DemandMeter:
-    """MU demand of one deployment as the autoscaler reads it: settled MU over a sliding window plus MU in
-    flight. The gateway calls :meth:`start` at dispatch and :meth:`finish` at settle (with the real cost);
-    times come in as arguments. Settled amounts are kept in one-second buckets, so memory stays bounded."""
+    """Settled MU over a sliding window plus MU in flight. ``Lifecycle.start`` calls :meth:`start` when a
+    request is admitted and ``Lifecycle.settle``/``release_demand`` call :meth:`finish` (with the real cost,
+    0 when it never ran); times come in as arguments.
+
+    The window is exact (every settlement in ``[now - window_s, now]``, a running sum): the simulator's
+    autoscaling figures were made with it. Memory: one entry per request settled in the window (pruned at
+    every call).
+    """
 
     def __init__(self, window_s: float = 60.0) -> None:
         if window_s <= 0:
@@ -16,7 +22,9 @@ class DemandMeter:
         self.window_s = window_s
         self.inflight_mu = 0.0
         self.inflight_requests = 0
-        self._buckets: dict[int, float] = {}
+        self._settled: deque[tuple[float, float]] = deque()
+        self._sum = 0.0
+        self._per_min = 60.0 / window_s
 
     def start(self, estimate_mu: float) -> None:
         self.inflight_mu += max(0.0, estimate_mu)
@@ -27,16 +35,17 @@ class DemandMeter:
         self.inflight_mu = max(0.0, self.inflight_mu - max(0.0, estimate_mu))
         self.inflight_requests = max(0, self.inflight_requests - 1)
         if actual_mu > 0:
-            key = math.floor(now_s)
-            self._buckets[key] = self._buckets.get(key, 0.0) + actual_mu
+            self._settled.append((now_s, actual_mu))
+            self._sum += actual_mu
         self._prune(now_s)
 
     def _prune(self, now_s: float) -> None:
-        oldest = math.floor(now_s - self.window_s)
-        for key in [k for k in self._buckets if k <= oldest]:
-            del self._buckets[key]
+        settled = self._settled
+        oldest = now_s - self.window_s
+        while settled and settled[0][0] < oldest:
+            self._sum -= settled.popleft()[1]
 
     def settled_mu_per_min(self, now_s: float) -> float:
         """MU settled in the window, scaled to a per-minute rate."""
         self._prune(now_s)
-        return sum(self._buckets.values()) * 60.0 / self.window_s
+        return max(0.0, self._sum) * self._per_min

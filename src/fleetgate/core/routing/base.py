@@ -1,14 +1,17 @@
 """The routing interface shared by the live gateway and the simulator.
 
 A policy is a plain object: ``pick`` is a pure function of its arguments plus the policy's own bookkeeping,
-which it updates only through ``on_dispatch`` / ``on_complete``. It never sees HTTP, clocks or global state.
+which it updates only through the hooks ``on_dispatch`` / ``on_first_token`` / ``on_complete``. It never sees
+HTTP, clocks or global state. ``core.lifecycle.Lifecycle`` calls every hook unconditionally; ``PolicyBase``
+gives the no-op defaults (and "no dispatch gate"), so a policy defines only what it uses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
+from fleetgate.core.routing.gate import DispatchGate
 from fleetgate.core.types import RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
 
 
@@ -16,6 +19,8 @@ class RoutingPolicy(Protocol):
     """Chooses a replica for a request. Raise ``ServiceUnavailableError`` when none is routable."""
 
     name: str
+    #: The dispatch gate (``core.routing.gate``) in front of this policy's picks, or ``None`` (no gate).
+    gate: DispatchGate[Any] | None
 
     def pick(
         self,
@@ -32,6 +37,10 @@ class RoutingPolicy(Protocol):
         """The request was sent to ``replica``."""
         ...
 
+    def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
+        """The first output of the request arrived from ``replica`` (its prefill is done)."""
+        ...
+
     def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
         """The request finished on ``replica`` with settled cost ``cost_mu``.
 
@@ -39,3 +48,32 @@ class RoutingPolicy(Protocol):
         policies feed this to their outlier detector. Client errors and disconnects count as ``ok``.
         """
         ...
+
+    def backlog_s(self, replicas: Sequence[ReplicaSnapshot], now: float) -> float:
+        """Seconds until the least-loaded replica can start a new prefill (drives ``gate``)."""
+        ...
+
+    def gate_prefill_s(self, request: RequestInfo) -> float:
+        """The request's expected prefill seconds (the gate's shortest-first order)."""
+        ...
+
+
+class PolicyBase:
+    """No-op defaults for the optional parts of ``RoutingPolicy``: hooks that ignore their event, no gate."""
+
+    gate: DispatchGate[Any] | None = None
+
+    def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
+        return None
+
+    def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
+        return None
+
+    def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
+        return None
+
+    def backlog_s(self, replicas: Sequence[ReplicaSnapshot], now: float) -> float:
+        return 0.0
+
+    def gate_prefill_s(self, request: RequestInfo) -> float:
+        return 0.0

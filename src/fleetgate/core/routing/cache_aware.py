@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fleetgate.core.routing.base import PolicyBase
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.outlier import OutlierDetector
 from fleetgate.core.routing.params import parse_params
@@ -31,7 +32,7 @@ from fleetgate.core.types import RandomSource, ReplicaSnapshot, RequestInfo, Rou
 CHARS_PER_TOKEN = 4
 
 
-class CacheAwarePolicy:
+class CacheAwarePolicy(PolicyBase):
     """SGLang-style cache-aware routing; see the module docstring."""
 
     name = "cache_aware"

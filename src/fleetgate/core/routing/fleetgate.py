@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fleetgate.core.routing.affinity import BoundedLoadAffinity
+from fleetgate.core.routing.base import PolicyBase
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.gate import DispatchGate, GateParams
 from fleetgate.core.routing.keys import KeyFunction
@@ -61,7 +62,7 @@ def _cap(r: ReplicaSnapshot) -> float:
     return max(r.capacity_mu_per_min / 60.0, 1e-9)
 
 
-class FleetgatePolicy:
+class FleetgatePolicy(PolicyBase):
     """See the module docstring; parameters are documented in docs/routing.md."""
 
     name = "fleetgate"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol, cast
 
 from fleetgate.core.errors import ServiceUnavailableError
+from fleetgate.core.routing.base import PolicyBase
 from fleetgate.core.routing.outlier import OutlierDetector
 from fleetgate.core.types import RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
 
@@ -76,7 +77,7 @@ def no_replica_error(total: int, model: str) -> ServiceUnavailableError:
     )
 
 
-class PipelinePolicy:
+class PipelinePolicy(PolicyBase):
     """A ``RoutingPolicy`` assembled from filters, weighted scorers and a picker.
 
     ``outliers`` (optional) is fed with every outcome through ``on_complete`` and consulted by the routable
