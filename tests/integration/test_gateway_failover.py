@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
+import pytest
+import yaml
 
 from fleetgate.core.sse import DONE_DATA, parse_all
 
@@ -126,3 +129,109 @@ def test_crash_and_stall_mid_stream_are_continued_transparently(
 def _same_usage(a: dict[str, Any], b: dict[str, Any]) -> bool:
     keys = ("prompt_tokens", "completion_tokens", "total_tokens")
     return all(a[k] == b[k] for k in keys)
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_contract_refuses_what_cannot_continue_exactly(start_engine: Any, start_gateway: Any) -> None:
+    """Tool calls in progress, response_format, n > 1 and logprobs end with one clean SSE error event (as
+    without failover); a plain stream whose client did not ask for usage gets none after a continuation."""
+    engines = [start_engine(MODEL, "--fault", "stall=3", wait=False) for _ in range(2)]
+    for e in engines:
+        e.wait_ready()
+    gateway = start_gateway({MODEL: engines}, stream_idle_timeout_s=0.5)
+    base = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "max_tokens": 30,
+        "stream": True,
+    }
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    cases = {
+        "tool_calls": {"tools": [tool], "tool_choice": "required"},
+        "guided_decoding": {"response_format": {"type": "json_object"}},
+        "n": {"n": 2},
+        "logprobs": {"logprobs": True, "top_logprobs": 2},
+    }
+    for reason, extra in cases.items():
+        r = httpx.post(gateway.url + "/v1/chat/completions", json={**base, **extra}, timeout=20)
+        assert r.status_code == 200, r.text
+        events = parse_all(r.content)
+        assert events[-1].data.startswith('{"error":'), (reason, r.text[-500:])
+        assert sum("error" in e.data for e in events) == 1
+        metrics = httpx.get(gateway.url + "/metrics").text
+        assert _metric(metrics, "fleetgate_stream_continuation_refusals_total", reason=reason) == 1, reason
+    # both replicas stall: a plain stream is continued once, stalls again, and no third replica exists
+    r = httpx.post(gateway.url + "/v1/chat/completions", json=base, timeout=20)
+    events = parse_all(r.content)
+    assert events[-1].data.startswith('{"error":') and "usage" not in r.text
+    metrics = httpx.get(gateway.url + "/metrics").text
+    assert _metric(metrics, "fleetgate_stream_continuation_refusals_total", reason="no_replica") == 1
+    assert _metric(metrics, "fleetgate_stream_continuations_total", outcome="failed") == 1
+
+
+def test_failover_overhead_in_capacity_ledger_and_tenant_charged_client_usage(
+    start_engine: Any, tools: Any, tmp_path: Path
+) -> None:
+    crashing = start_engine(MODEL, time_scale="1.0", wait=False)
+    good = start_engine(MODEL, time_scale="1.0", wait=False)
+    for e in (crashing, good):
+        e.wait_ready()
+    cfg = {
+        "gateway": {"host": "127.0.0.1", "port": 0, "stream_idle_timeout_s": 1.0},
+        "deployments": [
+            {
+                "model": MODEL,
+                "routing": {"policy": "round_robin"},
+                "replicas": [{"name": "r0", "url": crashing.url}, {"name": "r1", "url": good.url}],
+            }
+        ],
+        "tenants": [{"name": "gold", "api_keys": ["sk-gold-test"], "reserved_mu_per_min": {MODEL: 10_000}}],
+        "admission": {"admin_api_keys": ["sk-admin-test"]},
+    }
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    gateway = tools.ServerProcess(
+        [tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(path)], name="gw"
+    )
+    try:
+        url = gateway.wait_ready()
+        auth = {"Authorization": "Bearer sk-gold-test"}
+        admin = {"Authorization": "Bearer sk-admin-test"}
+
+        async def run() -> list[dict[str, Any]]:
+            async with httpx.AsyncClient(base_url=url, timeout=60, headers=auth) as client:
+                tasks = [
+                    asyncio.create_task(client.post("/v1/chat/completions", json=_body(i))) for i in range(4)
+                ]
+                await asyncio.sleep(0.4)
+                async with httpx.AsyncClient(timeout=5) as c:
+                    try:
+                        await c.post(crashing.url + "/admin/fault", json={"kind": "crash", "value": 0.01})
+                    except httpx.HTTPError:
+                        pass
+                return [_read((await t).content) for t in tasks]
+
+        results = asyncio.run(run())
+        assert all(not r["errors"] and r["done"] and r["finish"] == "length" for r in results)
+        usage = [r["usage"] for r in results]
+        assert all(u["completion_tokens"] == TOKENS for u in usage)
+        metrics = httpx.get(url + "/metrics", headers=admin).text
+        assert _metric(metrics, "fleetgate_stream_continuations_total", outcome="ok") == 2
+        overhead = _metric(metrics, "fleetgate_failover_overhead_mu_total")
+        assert overhead > 0
+        cap = httpx.get(url + "/admin/capacity", headers=admin).json()["deployments"]
+        (dep,) = [d for d in cap if d["deployment"] == MODEL]
+        assert dep["failover_overhead_mu"] == pytest.approx(overhead)
+        # the tenant is charged the client-visible usage (its prompt once, every token once), not the fleet's
+        totals = httpx.get(url + "/admin/usage/gold", headers=admin).json()["usage"]
+        assert totals["completion_tokens"] == 4 * TOKENS
+        assert totals["prompt_tokens"] == sum(u["prompt_tokens"] for u in usage)
+    finally:
+        gateway.kill()

@@ -39,6 +39,7 @@ REFUSAL_REASONS = (
     "reasoning",  # reasoning content was being streamed (engines continue content, not reasoning)
     "exhausted",  # max_continuations already used
     "no_replica",  # no other routable replica
+    "engine",  # the deployment's engine dialect cannot continue a chat message
 )
 
 _GUIDED_FIELDS = (

@@ -12,16 +12,19 @@ calling ``/v1/completions`` — done by the engine, with the engine's own templa
 Completions: the prompt with the text appended, on ``/v1/completions`` (every engine).
 
 In both, ``max_tokens`` (and ``max_completion_tokens``, ``min_tokens``) shrink by what was produced, and the
-stream always asks for usage (the gateway reports the client's usage from it). When h4's per-engine dialect
-modules land, a dialect whose engine continues differently overrides :func:`continuation_body`.
+stream always asks for usage (the gateway reports the client's usage from it). Each engine dialect
+(``engines.dialects``) says whether and how its engine continues a chat message (``chat_continuation``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from fleetgate.core.openai import Endpoint
+
+#: How an engine continues a final assistant message: the two request fields vLLM introduced.
+ChatContinuation = Literal["continue_final_message"]
 
 
 def continuation_body(

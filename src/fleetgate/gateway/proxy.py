@@ -52,7 +52,7 @@ from fleetgate.core.openai import (
 )
 from fleetgate.core.types import Priority, RandomSource, RequestInfo, Usage
 from fleetgate.engines.client import UpstreamClient
-from fleetgate.engines.continuation import continuation_body, remaining_tokens
+from fleetgate.engines.continuation import remaining_tokens
 from fleetgate.engines.dialects import dialect
 from fleetgate.engines.dialects.base import LOW_FIRST
 from fleetgate.gateway.admission import (
@@ -574,6 +574,11 @@ class Proxy:
             reason = tracker.refusal()
             if reason is None and call.continuations >= settings.max_continuations:
                 reason = "exhausted"
+            shape = dialect(deployment.config.engine).continuation_body(
+                original, call.endpoint, tracker.text, tracker.produced
+            )
+            if reason is None and shape is None:
+                reason = "engine"  # the engine cannot continue a chat message
             replica: ReplicaState | None = None
             if reason is None:
                 try:
@@ -583,14 +588,14 @@ class Proxy:
                     replica = None
                 if replica is None:
                     reason = "no_replica"
-            if reason is not None or replica is None:
+            if reason is not None or replica is None or shape is None:
                 self.metrics.failover_refusals.labels(model, reason or "no_replica").inc()
                 return b"", error
             tracker.end_attempt(failed.name)
             call.attempts.append(replica.name)
             call.replica = replica
             call.continuations += 1
-            body = orjson.dumps(continuation_body(original, call.endpoint, tracker.text, tracker.produced))
+            body = orjson.dumps(shape)
             deployment.lifecycle.dispatch(info, replica.name, replica, broke_at)
             ok = False
             try:

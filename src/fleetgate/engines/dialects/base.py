@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetgate.core.openai import Endpoint
 from fleetgate.core.types import Priority
+from fleetgate.engines.continuation import ChatContinuation, continuation_body
 
 #: Tenant class -> request ``priority`` with vLLM's semantics (lower runs first, default 0).
 LOW_FIRST: Mapping[Priority, int] = {
@@ -65,6 +67,17 @@ class EngineDialect:
     probe_path: str = "/v1/completions"  #: the minimal request the prober sends
     #: where a response reports prompt tokens served from the prefix cache (OpenAI's usage field)
     cached_tokens_path: tuple[str, ...] = ("usage", "prompt_tokens_details", "cached_tokens")
+    #: how the engine goes on with a final assistant message (mid-stream failover, ``engines.continuation``);
+    #: None: it cannot, so broken chat streams end with an SSE error (completions continue on any engine)
+    chat_continuation: ChatContinuation | None = "continue_final_message"
+
+    def continuation_body(
+        self, body: Mapping[str, Any], endpoint: Endpoint, text: str, produced_tokens: int
+    ) -> dict[str, Any] | None:
+        """The request that continues ``body`` after ``text`` on this engine (``None``: it cannot)."""
+        if endpoint == "chat" and self.chat_continuation is None:
+            return None
+        return continuation_body(body, endpoint, text, produced_tokens)
 
     def request_priority(self, priority: Priority, engine_priority: bool) -> int | None:
         """The ``priority`` field for a request of this tenant class (``None``: send none)."""
