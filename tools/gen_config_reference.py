@@ -34,7 +34,12 @@ against the model below and refuses to start on any problem, printing one line p
 (`gateway.port: Input should be less than or equal to 65535`). Unknown keys are errors.
 
 Environment variables override the file: `FLEETGATE__SECTION__KEY=value` (double underscores separate
-levels; values are parsed as YAML scalars), e.g. `FLEETGATE__GATEWAY__PORT=9000`.
+levels; values are parsed as YAML scalars), e.g. `FLEETGATE__GATEWAY__PORT=9000`. Numeric parts index
+lists: `FLEETGATE__TENANTS__0__API_KEYS=sk-...` sets the first tenant's keys (one key, or a YAML list),
+`FLEETGATE__TENANTS__0__API_KEYS__1=...` its second key; the next free index appends an item. Keys can also
+come from files (mounted Kubernetes Secrets): `tenants[].api_keys_file`, `admission.admin_api_keys_file`,
+`deployments[].upstream_api_key_file`, re-read every `gateway.secret_files_interval_s` so that a rotated key
+applies without a restart.
 
 A path like `deployments[].routing.policy` means: the key `policy` of the `routing` mapping of each item of
 the `deployments` list. `<name>` stands for a mapping key chosen by you.

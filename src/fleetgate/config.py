@@ -1,11 +1,13 @@
 """One validated configuration tree, loaded from YAML plus environment overrides; no side effects.
 
 Environment overrides use ``FLEETGATE__SECTION__KEY=value`` (double underscores separate levels, values are
-parsed as YAML scalars), e.g. ``FLEETGATE__GATEWAY__PORT=9000``. The environment is passed in explicitly.
+parsed as YAML scalars), e.g. ``FLEETGATE__GATEWAY__PORT=9000``; numeric parts index lists
+(``FLEETGATE__TENANTS__0__API_KEYS__0=...``). The environment is passed in explicitly.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -83,6 +85,11 @@ class DeploymentConfig(_Strict):
         "priority field, probe and health path. `openai` is any other OpenAI-compatible server. Unset: "
         "metric names are detected from /metrics; requests and probes are as for `openai`.",
     )
+    upstream_api_key_file: str | None = Field(
+        default=None,
+        description="File holding `upstream_api_key` (e.g. a mounted Kubernetes Secret); re-read while the "
+        "gateway runs (`gateway.secret_files_interval_s`), so a rotated key applies without a restart.",
+    )
     engine_priority: bool = Field(
         default=False,
         description="Forward the tenant's priority class to the engine's `priority` request field, in "
@@ -156,6 +163,12 @@ class GatewayConfig(_Strict):
         default=True,
         description="GET /v1/models and /v1/models/{model} need a valid API key when tenants are configured.",
     )
+    secret_files_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often key files (`api_keys_file`, `admin_api_keys_file`, `upstream_api_key_file`) "
+        "are re-read; a changed file applies at once.",
+    )
     health_checks: bool = Field(
         default=True,
         description="Black-box probes and hang detection of the replicas (fleetgate.health): hung or "
@@ -164,7 +177,7 @@ class GatewayConfig(_Strict):
     )
 
 
-def _hash_api_key(value: str) -> str:
+def hash_api_key(value: str) -> str:
     """Keys are kept only as ``sha256:<hex>``; plain keys (demos) are hashed at load."""
     import hashlib
 
@@ -204,10 +217,21 @@ class TenantConfig(_Strict):
         default=None, ge=0, description="Burst in seconds of its rates (default: admission.burst_s)."
     )
 
+    api_keys_file: str | None = Field(
+        default=None,
+        description="File with more API keys, one per line (`#` comments; plain or `sha256:<hex>`), e.g. a "
+        "mounted Kubernetes Secret; re-read while the gateway runs, so keys rotate without a restart.",
+    )
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _one_key(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value  # FLEETGATE__TENANTS__0__API_KEYS=<one key>
+
     @field_validator("api_keys")
     @classmethod
     def _hash_keys(cls, value: list[str]) -> list[str]:
-        return [_hash_api_key(v) for v in value]
+        return [hash_api_key(v) for v in value]
 
     @field_validator("reserved_mu_per_min")
     @classmethod
@@ -241,6 +265,10 @@ class AdmissionConfig(_Strict):
     admin_api_keys: list[str] = Field(
         default_factory=list, description="Admin API keys (`sha256:<hex>` or plain, hashed at load)."
     )
+    admin_api_keys_file: str | None = Field(
+        default=None,
+        description="File with more admin API keys, one per line (re-read like `api_keys_file`).",
+    )
     queue_max: int = Field(default=1000, ge=0, description="Requests that may wait for admission at once.")
     deadline_s: float = Field(default=10.0, ge=0, description="Longest wait in the admission queue.")
     burst_s: float = Field(
@@ -251,10 +279,15 @@ class AdmissionConfig(_Strict):
     )
     fleet_burst_s: float = Field(default=2.0, ge=0, description="Burst of the fleet meter (s).")
 
+    @field_validator("admin_api_keys", mode="before")
+    @classmethod
+    def _one_key(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
     @field_validator("admin_api_keys")
     @classmethod
     def _hash_keys(cls, value: list[str]) -> list[str]:
-        return [_hash_api_key(v) for v in value]
+        return [hash_api_key(v) for v in value]
 
 
 class LocalConfig(_Strict):
@@ -439,20 +472,43 @@ class ConfigError(Exception):
 
 
 def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """Apply ``FLEETGATE__A__B=value`` overrides. A numeric part indexes a list
+    (``FLEETGATE__TENANTS__0__API_KEYS__0``): an existing item is updated, the next index appends one."""
+    overrides = []
     for key, raw in env.items():
         if not key.startswith(ENV_PREFIX):
             continue
         path = [part.lower() for part in key[len(ENV_PREFIX) :].split("__") if part]
-        if not path:
-            continue
-        node = data
-        for part in path[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = {}
-                node[part] = child
-            node = child
-        node[path[-1]] = yaml.safe_load(raw)
+        if path:
+            overrides.append((path, key, raw))
+    # Lower indexes first, so that ..._0 and ..._1 build a list in order whatever the environment's order.
+    overrides.sort(key=lambda o: [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in o[0]])
+    for path, key, raw in overrides:
+        node: Any = data
+        for depth, part in enumerate(path):
+            last = depth == len(path) - 1
+            fresh: Any = None if last else ([] if path[depth + 1].isdigit() else {})
+            if part.isdigit():
+                if not isinstance(node, list):
+                    raise ConfigError(f"{key}: {'.'.join(path[:depth]) or '<root>'} is not a list")
+                index = int(part)
+                if index > len(node):
+                    raise ConfigError(f"{key}: index {index} skips items (the list has {len(node)})")
+                if index == len(node):
+                    node.append(fresh)
+                if last:
+                    node[index] = yaml.safe_load(raw)
+                elif not isinstance(node[index], dict | list):
+                    node[index] = fresh
+                node = node[index]
+            else:
+                if not isinstance(node, dict):
+                    raise ConfigError(f"{key}: {'.'.join(path[:depth]) or '<root>'} is not a mapping")
+                if last:
+                    node[part] = yaml.safe_load(raw)
+                elif not isinstance(node.get(part), dict | list):
+                    node[part] = fresh
+                node = node[part]
     return data
 
 
@@ -467,7 +523,7 @@ def format_validation_error(exc: ValidationError) -> str:
 
 def parse_config(data: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> FleetgateConfig:
     """Validate a config mapping (plus env overrides) into a ``FleetgateConfig``."""
-    merged = _apply_env(dict(data or {}), env or {})
+    merged = _apply_env(copy.deepcopy(dict(data or {})), env or {})
     try:
         return FleetgateConfig.model_validate(merged)
     except ValidationError as exc:

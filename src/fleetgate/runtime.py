@@ -30,6 +30,7 @@ from fleetgate.gateway.app import create_app
 from fleetgate.gateway.fleet import Deployment, Fleet, build_deployment
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.proxy import Proxy
+from fleetgate.gateway.secrets import KeySink, SecretFiles
 from fleetgate.gateway.server import GatewayServer
 from fleetgate.providers.base import ReplicaInfo
 from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
@@ -47,7 +48,8 @@ SIM_COST_PROFILE = "fleetgate-sim"
 
 def build_admission(cfg: FleetgateConfig, registry: CollectorRegistry | None = None) -> Admission:
     """Tenant admission (``fleetgate.admission``) when tenants or admin keys are configured, else open."""
-    if not cfg.tenants and not cfg.admission.admin_api_keys:
+    adm = cfg.admission
+    if not cfg.tenants and not adm.admin_api_keys and not adm.admin_api_keys_file:
         return OpenAdmission()
     from fleetgate.admission.service import AdmissionService
 
@@ -133,10 +135,33 @@ def build_gateway(
             add_admin_routes(app, gate)  # /admin/tenants, /admin/usage, /admin/capacity
     scraper = MetricsScraper(client, interval_s=gw.scrape_interval_s, timeout_s=gw.scrape_timeout_s, rng=rng)
     server = GatewayServer(config=gw, app=app, proxy=proxy, fleet=fleet, client=client, scraper=scraper)
+    secrets = SecretFiles(cfg, _KeyTargets(gate, fleet))
+    if secrets:  # key files (mounted Secrets): read now, then re-read while running
+        secrets.refresh(strict=True)
+        server.add_loop("secret-files", secrets.run)
     from fleetgate.ops.web import attach_ops
 
     attach_ops(server, cfg.ops)  # SLO window + gauges, /admin/status, /ui, request ids in log lines
     return server
+
+
+class _KeyTargets(KeySink):
+    """Key-file updates land in the tenant directory and the deployments' upstream headers."""
+
+    def __init__(self, admission: Admission, fleet: Fleet) -> None:
+        self._admission = admission
+        self._fleet = fleet
+
+    def set_keys(self, tenant: str | None, key_hashes: list[str]) -> None:
+        from fleetgate.admission.service import AdmissionService
+
+        if isinstance(self._admission, AdmissionService):
+            self._admission.directory.set_keys(tenant, key_hashes)
+
+    def set_upstream_key(self, model: str, key: str) -> None:
+        if not key:
+            raise ValueError("the file is empty")
+        self._fleet.deployments[model].upstream_headers["Authorization"] = f"Bearer {key}"
 
 
 def attach_health(server: GatewayServer, remediators: Mapping[str, Any] | None = None) -> dict[str, Any]:

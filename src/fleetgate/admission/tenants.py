@@ -76,11 +76,27 @@ class TenantDirectory:
                 self._by_hash[h] = tenant
         for h in admin_key_hashes:
             self._by_hash[h] = ADMIN_TENANT
+        self._keyed = False  # keys were set from a key file: never open again, even if the file empties
 
     @property
     def open(self) -> bool:
         """No tenants and no admin keys: no authentication at all."""
-        return not self._by_hash
+        return not self._by_hash and not self._keyed
+
+    def set_keys(self, tenant: str | None, key_hashes: Iterable[str]) -> None:
+        """Replace every key of ``tenant`` (``None``: the admin keys), e.g. after a key file changed. A hash
+        that another tenant owns is a ``ValueError`` and nothing changes."""
+        owner = ADMIN_TENANT if tenant is None else self._tenants[tenant]
+        wanted = set(key_hashes)
+        for h in wanted:
+            current = self._by_hash.get(h)
+            if current is not None and current is not owner:
+                raise ValueError(f"a key of {owner.name!r} is already the key of {current.name!r}")
+        for h in [h for h, t in self._by_hash.items() if t is owner and h not in wanted]:
+            del self._by_hash[h]
+        for h in wanted:
+            self._by_hash[h] = owner
+        self._keyed = True
 
     def tenants(self) -> Mapping[str, Tenant]:
         return dict(self._tenants)
