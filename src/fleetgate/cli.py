@@ -47,19 +47,33 @@ def _root(
     """A platform layer that makes LLM inference reliable at scale for many tenants."""
 
 
-def _load(config: Path | None):  # type: ignore[no-untyped-def]
-    from fleetgate.config import ConfigError, load_config
+def _load(config: Path | None, *, serving: bool = True, implied_models: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+    """The validated config, or exit 2 with every problem on its own line (never a traceback).
+    ``serving``: also what ``serve`` needs (something to serve, reservations for served models ...)."""
+    from fleetgate.config import ConfigError, load_config, serve_problems
 
     try:
-        return load_config(config, os.environ)
+        if config is not None and config.is_file() and not config.read_text().strip():
+            raise ConfigError(f"{config}: the file is empty (expected a mapping with `deployments`)")
+        cfg = load_config(config, os.environ)
+        problems = serve_problems(cfg, implied_models) if serving else []
+        if problems:
+            raise ConfigError("\n".join(problems))
     except ConfigError as exc:
         typer.echo(f"invalid config: {config}\n{exc}", err=True)
         raise typer.Exit(2) from exc
+    return cfg
+
+
+def _start_failed(exc: BaseException) -> None:
+    """A start-up error as one line (its message names the field), exit 2."""
+    typer.echo(f"fleetgate: cannot start: {exc}", err=True)
+    raise typer.Exit(2) from exc
 
 
 @app.command("validate-config")
 def validate_config(config: Annotated[Path, typer.Argument(help="YAML config file.")]) -> None:
-    """Check a config file and print every problem found."""
+    """Check a config file for `fleetgate serve` and print every problem found, each with its path."""
     cfg = _load(config)
     typer.echo(f"ok: {len(cfg.deployments)} deployment(s)")
 
@@ -67,9 +81,14 @@ def validate_config(config: Annotated[Path, typer.Argument(help="YAML config fil
 @app.command()
 def serve(config: Annotated[Path, typer.Option("--config", "-c", help="YAML config file.")]) -> None:
     """Run the gateway in front of the replicas named in the config."""
+    from fleetgate.config import ConfigError
     from fleetgate.runtime import run_serve
 
-    run_serve(_load(config))
+    cfg = _load(config)
+    try:
+        run_serve(cfg)
+    except (ConfigError, ValueError, OSError) as exc:
+        _start_failed(exc)
 
 
 @app.command()
@@ -80,9 +99,14 @@ def up(
     model: Annotated[str, typer.Option(help="Model name the local replicas serve.")] = "fleetgate-sim",
 ) -> None:
     """Start the embedded default: local simulated engine replicas plus the gateway in front of them."""
+    from fleetgate.config import ConfigError
     from fleetgate.runtime import run_up
 
-    run_up(_load(config), replicas=replicas, port=port, model=model)
+    cfg = _load(config, implied_models=(model,))
+    try:
+        run_up(cfg, replicas=replicas, port=port, model=model)
+    except (ConfigError, ValueError, OSError) as exc:
+        _start_failed(exc)
 
 
 @app.command()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from fleetgate.config import DeploymentConfig, FleetgateConfig, ReplicaConfig
+from fleetgate.config import ConfigError, DeploymentConfig, FleetgateConfig, ReplicaConfig
 from fleetgate.core.lifecycle import LifecycleObserver, SortedOutputHistory
 from fleetgate.core.types import RandomSource
 from fleetgate.engines.client import UpstreamClient
@@ -378,12 +378,22 @@ async def _wait_for_signal() -> int:
             loop.remove_signal_handler(sig)
 
 
+async def _listen(server: GatewayServer, port: int | None) -> str:
+    """``server.start``; a port that cannot be bound is a ``ConfigError`` naming ``gateway.port``."""
+    try:
+        return await server.start(port)
+    except OSError as exc:
+        gw = server.config
+        where = f"{gw.host}:{gw.port if port is None else port}"
+        raise ConfigError(f"gateway.port: cannot listen on {where}: {exc.strerror or exc}") from exc
+
+
 async def serve(cfg: FleetgateConfig) -> None:
     """Run the gateway until SIGTERM/SIGINT, then drain and stop."""
     server = build_gateway(cfg)
     if cfg.gateway.health_checks:
         attach_health(server)  # static replicas: detection and routing only, no restarts
-    url = await server.start()
+    url = await _listen(server, None)
     print(f"fleetgate ready on {url}", flush=True)
     sig = await _wait_for_signal()
     log.info("signal %d: draining (grace %.0f s)", sig, cfg.gateway.shutdown_grace_s)
@@ -452,7 +462,7 @@ async def up(cfg: FleetgateConfig, *, replicas: int, port: int, model: str) -> N
             from fleetgate.core.autoscale import autoscaler_from
 
             attach_autoscaler(server, model, provider, autoscaler_from(local.autoscaler))
-        url = await server.start(port)
+        url = await _listen(server, port)
         print(f"fleetgate ready on {url}", flush=True)
         print(
             f"try: curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
