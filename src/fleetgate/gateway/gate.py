@@ -10,18 +10,29 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from fleetgate.core.lifecycle import Lifecycle
 from fleetgate.core.types import RequestInfo
 
+#: ``call_later(delay_s, callback) -> handle with cancel()``: the event loop's, or a test's virtual timer.
+CallLater = Callable[[float, Callable[[], None]], Any]
+
 
 class GateShell:
-    """Drives the gate of one deployment's ``lifecycle`` with futures and a timer."""
+    """Drives the gate of one deployment's ``lifecycle`` with futures and a timer. ``clock`` and
+    ``call_later`` are the shell's only reads of time (default timer: the running loop's ``call_later``)."""
 
-    def __init__(self, lifecycle: Lifecycle[asyncio.Future[None]], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        lifecycle: Lifecycle[asyncio.Future[None]],
+        clock: Callable[[], float],
+        call_later: CallLater | None = None,
+    ) -> None:
         self.lifecycle = lifecycle
         self.clock = clock
-        self._timer: asyncio.TimerHandle | None = None
+        self._call_later = call_later
+        self._timer: Any = None
         self._timer_at: float | None = None
         self._drain_soon = False
 
@@ -67,7 +78,8 @@ class GateShell:
                 return  # an earlier (or the same) wake-up is already armed
             self._timer.cancel()
         self._timer_at = wake
-        self._timer = asyncio.get_running_loop().call_later(max(wake - now, 0.0), self._on_timer)
+        call_later = self._call_later or asyncio.get_running_loop().call_later
+        self._timer = call_later(max(wake - now, 0.0), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
