@@ -276,7 +276,9 @@ class SimEngine:
             max_tokens = self._max_tokens(parsed, prompt.tokens, endpoint)
             hashes = block_hashes(prompt.text, params.block_tokens)
             for j in range(n):
-                salt_text = prompt.text if seed is None and j == 0 else f"{prompt.text}\x00{seed}\x00{j}"
+                # the salt goes first: the text stays a running function of the prompt and the tokens before
+                # it, so a continuation (prompt + partial answer, same seed) goes on exactly
+                salt_text = prompt.text if seed is None and j == 0 else f"\x00{seed}\x00{j}\x00{prompt.text}"
                 start = start_index(salt_text)
                 rng = self._rng if seed is None else random.Random(seed * 1_000_003 + j)
                 eos_at = None
