@@ -256,6 +256,12 @@ class AdmissionStoreConfig(_Strict):
     server_time: bool = Field(
         default=True, description="Use Redis' clock in the scripts (one clock for all gateway replicas)."
     )
+    lease_ttl_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Redis: an admitted request's charge is a lease that its gateway renews while the "
+        "request runs; a gateway that dies (kill -9) leaves leases that lapse after this long, refunded.",
+    )
 
 
 class AdmissionConfig(_Strict):

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,7 @@ class Ticket:
     estimate_tokens: int
     headers: dict[str, str] = field(default_factory=dict)
     done: bool = False
+    lease: str | None = None  # the store's lease on this admission's charges (renewed while it runs)
 
     @property
     def ticket_id(self) -> str:
@@ -144,6 +146,9 @@ class AdmissionService:
         self._ledgers: dict[str, CapacityLedger] = {}  # per deployment: settled MU over a sliding window
         self._closed = False
         self._clock_warned = False
+        self._instance = uuid.uuid4().hex[:16]  # names this service's leases in a shared store
+        self._leases: set[str] = set()  # leases of admitted requests not yet settled
+        self._renewer: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------------ construction
     @classmethod
@@ -194,10 +199,11 @@ class AdmissionService:
     async def aclose(self) -> None:
         """Stop the waker, finish pending releases, reject queued requests, close the store."""
         self._closed = True
-        if self._waker is not None:
-            self._waker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._waker
+        for task in (self._waker, self._renewer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._execute(self.machine.close(self.clock()), self.clock())
@@ -287,9 +293,7 @@ class AdmissionService:
                 self._waiters.pop(entry.seq, None)
                 self.machine.cancel(entry)
                 if entry.decision is not None and entry.decision.allowed:
-                    self.release(
-                        Ticket(tenant, entry.request, entry.decision, estimated_tokens(entry.request))
-                    )
+                    self.release(self._ticket(tenant, entry, entry.decision, {}))
                 raise
         decision = entry.decision
         assert decision is not None
@@ -298,8 +302,34 @@ class AdmissionService:
             headers = decision_headers(decision)
             if decision.tier is not None:
                 headers["x-fleetgate-tier"] = str(decision.tier)
-            return Ticket(tenant, request, decision, estimated_tokens(request), headers)
+            return self._ticket(tenant, entry, decision, headers)
         raise self._error(tenant, entry, decision)
+
+    def _lease_id(self, seq: int) -> str | None:
+        return None if self.store.lease_ttl_s is None else f"{self._instance}:{seq}"
+
+    def _ticket(
+        self, tenant: Tenant, entry: QueueEntry, decision: Decision, headers: dict[str, str]
+    ) -> Ticket:
+        """The ticket of an admitted entry; its lease (when the store keeps leases) is renewed from now on."""
+        lease = self._lease_id(entry.seq) if decision.charges else None
+        if lease is not None:
+            self._leases.add(lease)
+            if self._renewer is None or self._renewer.done():
+                self._renewer = asyncio.get_running_loop().create_task(self._renew(), name="lease-renewer")
+        return Ticket(tenant, entry.request, decision, estimated_tokens(entry.request), headers, lease=lease)
+
+    async def _renew(self) -> None:
+        """Renew the leases of running requests every third of their lifetime (they lapse if we die)."""
+        ttl = self.store.lease_ttl_s
+        assert ttl is not None
+        while not self._closed:
+            await asyncio.sleep(ttl / 3.0 / self.time_scale)
+            if self._leases:
+                try:
+                    await self.store.renew(sorted(self._leases), self.clock())
+                except StoreUnavailableError:
+                    self.metrics.store_errors.labels(self.store.kind).inc()
 
     async def _execute(self, r: Round, now: float) -> asyncio.Future[Decision] | None:
         """Run one round of the admission machine; returns the future to await when its request waits."""
@@ -309,7 +339,8 @@ class AdmissionService:
                 if isinstance(cmd, TakeCharges):
                     key = self._usage_key(cmd.tenant)
                     try:
-                        outcome = await self.store.take(cmd.charges, now, key, cmd.cost_mu)
+                        lease = self._lease_id(cmd.seq)
+                        outcome = await self.store.take(cmd.charges, now, key, cmd.cost_mu, lease)
                     except StoreUnavailableError:
                         self.metrics.store_errors.labels(self.store.kind).inc()
                         if self.fail_open:
@@ -460,13 +491,15 @@ class AdmissionService:
             fields["prompt_tokens"] = float(usage.prompt_tokens)
             fields["completion_tokens"] = float(usage.completion_tokens)
         key = self._usage_key(ticket.tenant.limits)
+        if ticket.lease is not None:
+            self._leases.discard(ticket.lease)
         r = self.machine.settle(
             ticket.decision, ticket.tenant.limits, ticket.request, actual_mu, actual_tokens
         )
         while (cmd := r.next()) is not None:
-            if isinstance(cmd, AdjustCharges) and (cmd.deltas or key is not None):
+            if isinstance(cmd, AdjustCharges) and (cmd.deltas or key is not None or ticket.lease):
                 try:
-                    await self.store.adjust(cmd.deltas, now, key, fields)
+                    await self.store.adjust(cmd.deltas, now, key, fields, ticket.lease, cmd.charged)
                 except StoreUnavailableError:
                     self.metrics.store_errors.labels(self.store.kind).inc()
             elif isinstance(cmd, Wake):

@@ -18,5 +18,11 @@ def build_store(cfg: AdmissionStoreConfig) -> AdmissionStore:
     if cfg.kind == "redis":
         from fleetgate.stores.redis import RedisStore
 
-        return RedisStore(cfg.url, timeout_s=cfg.timeout_s, server_time=cfg.server_time)
+        return RedisStore(
+            cfg.url,
+            timeout_s=cfg.timeout_s,
+            server_time=cfg.server_time,
+            namespace=cfg.namespace,
+            lease_ttl_s=cfg.lease_ttl_s,
+        )
     return MemoryStore()

@@ -31,11 +31,23 @@ class AdmissionStore(Protocol):
     """Where bucket levels and usage counters live (``now`` is ignored by stores using their own clock)."""
 
     kind: str
+    #: Seconds an admission's lease lives unless renewed (``None``: the store keeps no leases, e.g. memory,
+    #: whose state dies with the process that would settle it).
+    lease_ttl_s: float | None
 
     async def take(
-        self, charges: Sequence[Charge], now: float, usage_key: str | None = None, cost_mu: float = 0.0
+        self,
+        charges: Sequence[Charge],
+        now: float,
+        usage_key: str | None = None,
+        cost_mu: float = 0.0,
+        lease: str | None = None,
     ) -> TakeOutcome:
-        """Charge all meters or none; an admitted request adds 1 request and ``cost_mu`` to ``usage_key``."""
+        """Charge all meters or none; an admitted request adds 1 request and ``cost_mu`` to ``usage_key``.
+
+        With ``lease``, an admitted charge is recorded under that id: unless it is settled (``adjust`` with
+        the same id) or renewed within ``lease_ttl_s``, it lapses and its charges are refunded.
+        """
         ...
 
     async def adjust(
@@ -44,8 +56,18 @@ class AdmissionStore(Protocol):
         now: float,
         usage_key: str | None = None,
         usage: Mapping[str, float] | None = None,
+        lease: str | None = None,
+        charged: Sequence[Charge] = (),
     ) -> None:
-        """Settle: add each delta (refund when negative) and add ``usage`` to the usage counters."""
+        """Settle: add each delta (refund when negative) and add ``usage`` to the usage counters.
+
+        ``lease`` ends that admission's lease; if it had already lapsed (and was refunded), what it had
+        ``charged`` is charged again, so the settled total is the actual cost either way.
+        """
+        ...
+
+    async def renew(self, leases: Sequence[str], now: float) -> None:
+        """Extend these leases by ``lease_ttl_s`` (their requests still run)."""
         ...
 
     async def peek(self, charges: Sequence[Charge], now: float) -> dict[str, BucketState]:

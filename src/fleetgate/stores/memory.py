@@ -11,6 +11,7 @@ class MemoryStore:
     """Bucket levels and usage counters in dicts. Atomic because nothing awaits inside a call."""
 
     kind = "memory"
+    lease_ttl_s: float | None = None  # state lives and dies with the process that settles it
 
     def __init__(self) -> None:
         self.buckets = MemoryBuckets()
@@ -22,7 +23,12 @@ class MemoryStore:
             row[name] = row.get(name, 0.0) + value
 
     async def take(
-        self, charges: Sequence[Charge], now: float, usage_key: str | None = None, cost_mu: float = 0.0
+        self,
+        charges: Sequence[Charge],
+        now: float,
+        usage_key: str | None = None,
+        cost_mu: float = 0.0,
+        lease: str | None = None,
     ) -> TakeOutcome:
         out = self.buckets.take(charges, now)
         if usage_key is not None and out.allowed:
@@ -35,10 +41,15 @@ class MemoryStore:
         now: float,
         usage_key: str | None = None,
         usage: Mapping[str, float] | None = None,
+        lease: str | None = None,
+        charged: Sequence[Charge] = (),
     ) -> None:
         self.buckets.adjust(deltas, now)
         if usage_key is not None and usage:
             self._add(usage_key, usage)
+
+    async def renew(self, leases: Sequence[str], now: float) -> None:
+        return None
 
     async def peek(self, charges: Sequence[Charge], now: float) -> dict[str, BucketState]:
         return self.buckets.peek(charges, now)

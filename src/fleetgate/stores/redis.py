@@ -5,6 +5,13 @@ The Lua scripts below are the same arithmetic as ``fleetgate.core.admission`` (`
 whose TTL lasts until it has drained (plus a margin), so idle tenants leave no keys behind. By default the
 scripts read Redis' own clock (``TIME``), so gateways with skewed clocks still share one timeline.
 
+Every admitted charge is also a *lease* (``<namespace>:leases``, a sorted set by expiry, and one hash per
+lease with the meters and amounts it charged). The gateway renews the leases of requests still running;
+settling ends the lease. A gateway killed before settling (kill -9) renews nothing, so its leases lapse
+after ``lease_ttl_s`` and the next script run refunds them: a tenant is never left blocked by an estimate
+that no one will settle. (Lease hashes are touched by key name from inside the scripts, which is fine on
+one Redis or a Sentinel-managed primary, not on Redis Cluster.)
+
 Unreachable Redis raises ``StoreUnavailableError`` quickly (short timeouts; after a failure the store waits
 ``retry_interval_s`` before trying again instead of stalling every request), and recovers by itself: the next
 try after the interval reconnects.
@@ -53,16 +60,37 @@ local function store(key, level, upd, rate)
   redis.call('HSET', key, 'l', fmt(level), 't', fmt(t))
   redis.call('PEXPIRE', key, math.ceil((level / rate + MARGIN) * 1000))
 end
+-- Leases: a zset (member = lease id, score = expiry) and per lease a hash (bucket key -> "rate amount").
+-- Refund up to 64 lapsed leases (their gateway died before settling).
+local function sweep(zkey, hprefix)
+  local ids = redis.call('ZRANGEBYSCORE', zkey, '-inf', now, 'LIMIT', 0, 64)
+  for _, id in ipairs(ids) do
+    local h = hprefix .. id
+    local v = redis.call('HGETALL', h)
+    for i = 1, #v, 2 do
+      local r, a = string.match(v[i + 1], '(%S+) (%S+)')
+      local rate, amount = tonumber(r), tonumber(a)
+      local level, upd = load(v[i], rate)
+      store(v[i], math.max(0, level - amount), upd, rate)
+    end
+    redis.call('DEL', h)
+    redis.call('ZREM', zkey, id)
+  end
+end
 """
 
 # KEYS: n bucket keys [+ usage key]. ARGV: now, n, then per bucket (rate, burst, amount, enforce),
-# then the admitted cost for the usage counters (when a usage key is given).
+# then the admitted cost for the usage counters, the lease id ('' for none), its ttl, the lease zset key and
+# the lease hash prefix.
 # Reply: {allowed, retry_after, now, nblocked, blocked indices..., levels...}; levels are after charging
 # when allowed, merely drained when denied.
 TAKE_LUA = (
     _PRELUDE
     + """
 local n = tonumber(ARGV[2])
+local lease, ttl = ARGV[4 + n * 4], tonumber(ARGV[5 + n * 4])
+local zkey, hprefix = ARGV[6 + n * 4], ARGV[7 + n * 4]
+sweep(zkey, hprefix)
 local levels, upds, rates, amounts = {}, {}, {}, {}
 local blocked = {}
 local maxwait = 0
@@ -92,6 +120,13 @@ if #blocked == 0 then
     redis.call('HINCRBY', KEYS[n + 1], 'requests', 1)
     redis.call('HINCRBYFLOAT', KEYS[n + 1], 'admitted_mu', ARGV[3 + n * 4])
   end
+  if lease ~= '' and n > 0 then
+    local h = hprefix .. lease
+    for i = 1, n do
+      redis.call('HSET', h, KEYS[i], fmt(rates[i]) .. ' ' .. fmt(amounts[i]))
+    end
+    redis.call('ZADD', zkey, now + ttl, lease)
+  end
 end
 local reply = {tostring(allowed), fmt(maxwait), fmt(now), tostring(#blocked)}
 for _, b in ipairs(blocked) do reply[#reply + 1] = b end
@@ -100,23 +135,47 @@ return reply
 """
 )
 
-# KEYS: n bucket keys [+ usage key]. ARGV: now, n, per bucket (rate, delta), then field/value pairs.
+# KEYS: n bucket keys [+ usage key]. ARGV: now, n, per bucket (rate, delta, charged), the lease id ('' for
+# none), the lease zset key and hash prefix, then field/value pairs. A lease that had lapsed (refunded) gets
+# its charge back: delta + charged.
 ADJUST_LUA = (
     _PRELUDE
     + """
 local n = tonumber(ARGV[2])
+local lease, zkey, hprefix = ARGV[3 + n * 3], ARGV[4 + n * 3], ARGV[5 + n * 3]
+sweep(zkey, hprefix)
+local live = true
+if lease ~= '' then
+  live = redis.call('ZREM', zkey, lease) == 1
+  redis.call('DEL', hprefix .. lease)
+end
 for i = 1, n do
-  local b = 2 + (i - 1) * 2
-  local rate, delta = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-  local level, upd = load(KEYS[i], rate)
-  store(KEYS[i], math.max(0, level + delta), upd, rate)
+  local b = 2 + (i - 1) * 3
+  local rate, delta, charged = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  if not live then delta = delta + charged end
+  if delta ~= 0 then
+    local level, upd = load(KEYS[i], rate)
+    store(KEYS[i], math.max(0, level + delta), upd, rate)
+  end
 end
 if #KEYS > n then
-  local j = 3 + n * 2
+  local j = 6 + n * 3
   while j < #ARGV do
     redis.call('HINCRBYFLOAT', KEYS[n + 1], ARGV[j], ARGV[j + 1])
     j = j + 2
   end
+end
+return fmt(now)
+"""
+)
+
+# ARGV: now, ttl, lease zset key, lease ids... Extends the leases that still exist.
+RENEW_LUA = (
+    _PRELUDE
+    + """
+local ttl, zkey = tonumber(ARGV[2]), ARGV[3]
+for j = 4, #ARGV do
+  if redis.call('ZSCORE', zkey, ARGV[j]) then redis.call('ZADD', zkey, now + ttl, ARGV[j]) end
 end
 return fmt(now)
 """
@@ -154,8 +213,13 @@ class RedisStore:
         retry_interval_s: float = 1.0,
         client: aioredis.Redis | None = None,
         max_connections: int = 64,
+        namespace: str = "fleetgate",
+        lease_ttl_s: float = 60.0,
     ) -> None:
         self.url = url
+        self.lease_ttl_s: float | None = lease_ttl_s
+        self._leases_key = f"{namespace}:leases"
+        self._lease_prefix = f"{namespace}:lease:"
         self.server_time = server_time
         self.retry_interval_s = retry_interval_s
         if client is None:
@@ -175,6 +239,7 @@ class RedisStore:
         self._take = self._redis.register_script(TAKE_LUA)
         self._adjust = self._redis.register_script(ADJUST_LUA)
         self._peek = self._redis.register_script(PEEK_LUA)
+        self._renew = self._redis.register_script(RENEW_LUA)
         self.available = True
         self.errors_total = 0
         self.outages_total = 0
@@ -202,16 +267,21 @@ class RedisStore:
         return result
 
     async def take(
-        self, charges: Sequence[Charge], now: float, usage_key: str | None = None, cost_mu: float = 0.0
+        self,
+        charges: Sequence[Charge],
+        now: float,
+        usage_key: str | None = None,
+        cost_mu: float = 0.0,
+        lease: str | None = None,
     ) -> TakeOutcome:
         keys = [c.key for c in charges]
         args = [self._now_arg(now), str(len(charges))]
         for c in charges:
             enforce = "1" if c.enforce else "0"
             args += [repr(c.params.rate_per_s), repr(c.params.burst), repr(c.amount), enforce]
+        args += [repr(cost_mu), lease or "", repr(self.lease_ttl_s), self._leases_key, self._lease_prefix]
         if usage_key is not None:
             keys.append(usage_key)
-            args.append(repr(cost_mu))
         r = await self._call(self._take, keys, args)
         allowed, retry, at = r[0] == "1", float(r[1]), float(r[2])
         nblocked = int(r[3])
@@ -229,17 +299,32 @@ class RedisStore:
         now: float,
         usage_key: str | None = None,
         usage: Mapping[str, float] | None = None,
+        lease: str | None = None,
+        charged: Sequence[Charge] = (),
     ) -> None:
-        keys = [c.key for c in deltas]
-        args = [self._now_arg(now), str(len(deltas))]
+        # every meter the admission charged (a lapsed lease gets its charge back), then any other delta
+        meters: dict[str, tuple[float, float, float]] = {
+            c.key: (c.params.rate_per_s, 0.0, c.amount) for c in charged
+        }
         for c in deltas:
-            args += [repr(c.params.rate_per_s), repr(c.amount)]
+            rate, _d, amount = meters.get(c.key, (c.params.rate_per_s, 0.0, 0.0))
+            meters[c.key] = (rate, c.amount, amount)
+        keys = list(meters)
+        args = [self._now_arg(now), str(len(keys))]
+        for rate, delta, amount in meters.values():
+            args += [repr(rate), repr(delta), repr(amount)]
+        args += [lease or "", self._leases_key, self._lease_prefix]
         if usage_key is not None and usage:
             keys.append(usage_key)
             for name, value in usage.items():
                 args += [name, repr(float(value))]
-        if keys:
+        if keys or lease:
             await self._call(self._adjust, keys, args)
+
+    async def renew(self, leases: Sequence[str], now: float) -> None:
+        if leases:
+            args = [self._now_arg(now), repr(self.lease_ttl_s), self._leases_key, *leases]
+            await self._call(self._renew, [], args)
 
     async def peek(self, charges: Sequence[Charge], now: float) -> dict[str, BucketState]:
         if not charges:

@@ -43,20 +43,26 @@ from fleetgate.core.types import RequestInfo
 class TakeCharges:
     """Take these charges from the store, all or none; reply with ``Round.taken`` or ``store_failed``.
 
-    An admitted request adds one request and ``cost_mu`` to its tenant's usage counters.
+    An admitted request adds one request and ``cost_mu`` to its tenant's usage counters; ``seq`` names the
+    admission (e.g. for a lease in a shared store).
     """
 
     tenant: TenantLimits
     charges: tuple[Charge, ...]
     cost_mu: float
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
 class AdjustCharges:
-    """Settle: add each delta to its meter (a refund when negative). Nothing to reply."""
+    """Settle: add each delta to its meter (a refund when negative). Nothing to reply.
+
+    ``charged``: what the admission charged (a store whose lease for it lapsed charges it again).
+    """
 
     tenant: TenantLimits
     deltas: tuple[Charge, ...]
+    charged: tuple[Charge, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +220,7 @@ class AdmissionMachine:
         """Drive one pass: each attempt becomes a take; then resolve what it decided, note the next wake."""
         while (a := p.next_attempt()) is not None:
             entry = a.entry
-            reply = yield TakeCharges(entry.tenant, a.charges, entry.request.cost_mu)
+            reply = yield TakeCharges(entry.tenant, a.charges, entry.request.cost_mu, entry.seq)
             if isinstance(reply, TakeOutcome):
                 p.report(a, reply)
             elif reply:  # fail open: admitted unmetered, so settle must not refund anything either
@@ -249,7 +255,7 @@ class AdmissionMachine:
         actual_tokens: int | None,
     ) -> Generator[Command, _Reply, None]:
         deltas = settle_deltas(decision, actual_mu, request.cost_mu, actual_tokens, estimated_tokens(request))
-        yield AdjustCharges(tenant, deltas)
+        yield AdjustCharges(tenant, deltas, decision.charges)
         if decision.tier not in (Tier.PROBE, Tier.UNLIMITED, None):
             self.core.settled(decision, tenant, request, actual_mu)
         if any(d.amount < 0 for d in deltas):
