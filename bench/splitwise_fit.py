@@ -21,7 +21,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from fleetgate.core.calibrate import BatchRun, fit_batched_perf
+from fleetgate.core.calibrate_batched import BatchRun, fit_batched_perf
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CSV = Path("/work/shared/traces/splitwise/perf_model.csv")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from fleetgate.config import ConfigError, DeploymentConfig, FleetgateConfig, ReplicaConfig
+from fleetgate.core.engine_rates import EngineRateLearner
 from fleetgate.core.lifecycle import LifecycleObserver, SortedOutputHistory
 from fleetgate.core.types import RandomSource
 from fleetgate.engines.client import UpstreamClient
@@ -27,6 +28,7 @@ from fleetgate.engines.metrics import EngineSignals
 from fleetgate.engines.scraper import MetricsScraper
 from fleetgate.gateway.admission import Admission, OpenAdmission
 from fleetgate.gateway.app import create_app
+from fleetgate.gateway.engine_rates import EngineRateListener, EngineRateMetrics
 from fleetgate.gateway.fleet import Deployment, Fleet, build_deployment
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.proxy import Proxy
@@ -134,6 +136,12 @@ def build_gateway(
         if isinstance(gate, AdmissionService):
             add_admin_routes(app, gate)  # /admin/tenants, /admin/usage, /admin/capacity
     scraper = MetricsScraper(client, interval_s=gw.scrape_interval_s, timeout_s=gw.scrape_timeout_s, rng=rng)
+
+    def learner_for(model: str) -> EngineRateLearner | None:
+        deployment = fleet.deployments.get(model)
+        return None if deployment is None else deployment.rates
+
+    scraper.add_listener(EngineRateListener(learner_for, clock, EngineRateMetrics(metrics.registry)))
     server = GatewayServer(config=gw, app=app, proxy=proxy, fleet=fleet, client=client, scraper=scraper)
     secrets = SecretFiles(cfg, _KeyTargets(gate, fleet))
     if secrets:  # key files (mounted Secrets): read now, then re-read while running
@@ -212,7 +220,7 @@ def attach_health(server: GatewayServer, remediators: Mapping[str, Any] | None =
 
     server.proxy.listeners.append(on_result)
     if server.scraper is not None:
-        server.scraper.on_scrape = on_scrape
+        server.scraper.add_listener(on_scrape)
     server.extras["health"] = monitors
     return monitors
 

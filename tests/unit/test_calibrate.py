@@ -8,12 +8,9 @@ import numpy as np
 import pytest
 
 from fleetgate.core.calibrate import (
-    BatchedPerf,
-    BatchRun,
     Measurement,
     default_design,
     design_matrix,
-    fit_batched_perf,
     fit_cost_profile,
     holdout_split,
     mape,
@@ -23,6 +20,7 @@ from fleetgate.core.calibrate import (
     r2_score,
     sweep_design,
 )
+from fleetgate.core.calibrate_batched import BatchedPerf, BatchRun, fit_batched_perf
 from fleetgate.core.units import LONG_INPUT_SCALE
 
 

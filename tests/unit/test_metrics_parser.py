@@ -29,6 +29,10 @@ def test_vllm_capture() -> None:
         prefix_hits=2816.0,
         generation_tokens=1055.0,
         engine="vllm",
+        prefill_tokens=13158.0 - 2816.0,
+        prefill_seconds=0.43029893299978994,
+        decode_tokens=1033.0,
+        decode_seconds=1.1177861730002405,
     )
 
 
@@ -38,6 +42,7 @@ def test_llamacpp_busy_and_idle() -> None:
     idle = engine_signals(parse_prometheus_text(load("llama-server-metrics-idle.txt")))
     assert (idle.running, idle.waiting, idle.generation_tokens) == (0.0, 0.0, 96.0)
     assert idle.prefix_queries == 69.0 and idle.prefix_hits == 0.0
+    assert (busy.prefill_tokens, busy.prefill_seconds, busy.decode_tokens) == (26.0, 0.005818, 0.0)
 
 
 def test_sglang_names() -> None:

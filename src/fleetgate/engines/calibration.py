@@ -39,6 +39,9 @@ from fleetgate.core.calibrate import (
 
 _WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "big", "red", "dog")
 
+#: Prompt lengths at which the calibrated prefill rate is reported (it falls with length: attention).
+PREFILL_REPORT_TOKENS = (128, 512, 2048)
+
 #: Extra request fields asking for exactly ``max_tokens`` output tokens (vLLM, SGLang, llama.cpp, simengine).
 EXACT_LENGTH_FIELDS: dict[str, Any] = {"ignore_eos": True}
 
@@ -408,6 +411,9 @@ class CalibrationRun:
                     " request or 1 / saturated req/s; NNLS weighted by 1/measured"
                 ),
                 "replica_clock": self.replica_clock,
+                "prefill_tokens_per_s": {
+                    str(n): cal.prefill_tokens_per_s([n]) for n in PREFILL_REPORT_TOKENS
+                },
                 "holdout_indices": cal.holdout,
                 "measurements": [m.as_dict() for m in self.measurements],
                 "ladders": self.ladders,
@@ -613,6 +619,11 @@ def run_calibration(
     typer.echo(
         f"alpha={p.alpha:.6g} beta={p.beta:.6g} gamma={p.gamma:.6g} delta={p.delta:.6g} "
         f"epsilon={p.epsilon:.6g} MU (capacity {p.capacity_mu_per_min:g} MU/min/replica)"
+    )
+    rates = [(n, cal.prefill_tokens_per_s([n])) for n in PREFILL_REPORT_TOKENS]
+    typer.echo(
+        "prefill tokens/s per replica: "
+        + ", ".join(f"{r:.0f} at {n} tokens" for n, r in rates if r is not None)
     )
     typer.echo(
         f"fit: held-out R^2={cal.r2_holdout:.4f} MAPE={cal.mape_holdout:.2%} "

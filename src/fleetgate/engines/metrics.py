@@ -96,6 +96,9 @@ class EngineSignals:
 
     ``prefix_queries``/``prefix_hits`` are cumulative token counters (their deltas give a hit rate);
     ``generation_tokens`` is cumulative (its growth is evidence of progress for the prober).
+    ``prefill_tokens``/``prefill_seconds`` and ``decode_tokens``/``decode_seconds`` are the engine's own
+    cumulative work counters (prompt tokens it computed and the time it spent on them, summed per request;
+    output tokens and their time), read by the online rate learner (``core.engine_rates``).
     """
 
     waiting: float | None = None
@@ -105,6 +108,10 @@ class EngineSignals:
     prefix_hits: float | None = None
     generation_tokens: float | None = None
     engine: str | None = None
+    prefill_tokens: float | None = None
+    prefill_seconds: float | None = None
+    decode_tokens: float | None = None
+    decode_seconds: float | None = None
 
 
 def _total(parsed: Mapping[str, Sequence[Sample]], *names: str) -> float | None:
@@ -137,6 +144,9 @@ def engine_signals(
     if hits is None and queries is not None and names.prefix_hit_rate:
         rate = _maximum(parsed, *names.prefix_hit_rate)
         hits = None if rate is None else rate * queries
+    prefilled = _total(parsed, *names.prefill_tokens)
+    if prefilled is not None and names.prefill_tokens_include_cached:
+        prefilled -= hits or 0.0  # computed tokens only: the cached ones cost no prefill
     return EngineSignals(
         waiting=_total(parsed, *names.waiting),
         running=_total(parsed, *names.running),
@@ -145,6 +155,10 @@ def engine_signals(
         prefix_hits=hits,
         generation_tokens=_total(parsed, *names.generation_tokens),
         engine=d.name,
+        prefill_tokens=prefilled,
+        prefill_seconds=_total(parsed, *names.prefill_seconds),
+        decode_tokens=_total(parsed, *names.decode_tokens),
+        decode_seconds=_total(parsed, *names.decode_seconds),
     )
 
 

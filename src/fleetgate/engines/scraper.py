@@ -27,6 +27,7 @@ class ScrapeTarget(Protocol):
 
     name: str
     url: str
+    deployment: str
     engine: EngineSignals | None
     engine_prefix_hit_rate: float | None
     last_scrape_ok: bool | None
@@ -53,8 +54,15 @@ async def scrape_once(client: UpstreamClient, target: ScrapeTarget, timeout_s: f
     return signals
 
 
+ScrapeListener = Callable[[ScrapeTarget, EngineSignals | None], None]
+
+
 class MetricsScraper:
-    """Runs one scrape loop per target; ``sync(targets)`` reconciles the set of loops."""
+    """Runs one scrape loop per target; ``sync(targets)`` reconciles the set of loops.
+
+    Listeners (``on_scrape`` and any added with ``add_listener``: the health monitor's progress evidence,
+    the engine-rate learner's counters) see every scrape's result, ``None`` when it failed.
+    """
 
     def __init__(
         self,
@@ -63,14 +71,17 @@ class MetricsScraper:
         interval_s: float = 1.0,
         timeout_s: float = 1.0,
         rng: RandomSource | None = None,
-        on_scrape: Callable[[ScrapeTarget, EngineSignals | None], None] | None = None,
+        on_scrape: ScrapeListener | None = None,
     ) -> None:
         self.client = client
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.rng = rng
-        self.on_scrape = on_scrape
+        self.listeners: list[ScrapeListener] = [] if on_scrape is None else [on_scrape]
         self._tasks: dict[int, tuple[ScrapeTarget, asyncio.Task[None]]] = {}
+
+    def add_listener(self, listener: ScrapeListener) -> None:
+        self.listeners.append(listener)
 
     def sync(self, targets: Iterable[ScrapeTarget]) -> None:
         """Start loops for new targets and stop loops for targets no longer listed."""
@@ -90,8 +101,8 @@ class MetricsScraper:
         while True:
             try:
                 signals = await scrape_once(self.client, target, self.timeout_s)
-                if self.on_scrape is not None:
-                    self.on_scrape(target, signals)
+                for listener in self.listeners:
+                    listener(target, signals)
             except Exception:  # a bug in one scrape must not kill the loop
                 log.exception("scrape loop for %s", target.name)
             await asyncio.sleep(self.interval_s)

@@ -15,6 +15,7 @@ from typing import Any
 
 from fleetgate.config import DeploymentConfig
 from fleetgate.core.autoscale import DemandMeter
+from fleetgate.core.engine_rates import EngineRateLearner, LearnedRates
 from fleetgate.core.errors import NotFoundError
 from fleetgate.core.lifecycle import Lifecycle, LifecycleObserver, ReplicaLoad, SortedOutputHistory
 from fleetgate.core.routing.base import RoutingPolicy
@@ -43,7 +44,8 @@ class ReplicaState(ReplicaLoad):
     ejected_until_s: float = 0.0
     idle_waiters: list[Callable[[], None]] = field(default_factory=list)
 
-    def snapshot(self) -> ReplicaSnapshot:
+    def snapshot(self, learned: LearnedRates | None = None) -> ReplicaSnapshot:
+        """The router's view; ``learned``: the deployment's online estimate of this replica's rates."""
         engine = self.engine
         return ReplicaSnapshot(
             name=self.name,
@@ -59,6 +61,8 @@ class ReplicaState(ReplicaLoad):
             engine_prefix_hit_rate=self.engine_prefix_hit_rate,
             consecutive_failures=self.consecutive_failures,
             ejected_until_s=self.ejected_until_s,
+            learned_prefill_tokens_per_s=None if learned is None else learned.prefill_tokens_per_s,
+            learned_decode_s_per_token=None if learned is None else learned.decode_s_per_token,
         )
 
     def end(self, cost_mu: float, ok: bool, now: float) -> None:
@@ -95,6 +99,8 @@ class Deployment:
             self.upstream_headers["Authorization"] = f"Bearer {config.upstream_api_key}"
         self.policy = policy
         self.profile = profile
+        #: each replica's prefill and decode rates learned online (a lifecycle observer; scraper counters)
+        self.rates = EngineRateLearner(profile)
         self.replicas: dict[str, ReplicaState] = {}
         self.lifecycle: Lifecycle[Any] = Lifecycle(
             policy,
@@ -102,7 +108,7 @@ class Deployment:
             snapshots=self.snapshots,
             history=history,
             demand=DemandMeter(),
-            observers=observers,
+            observers=(*observers, self.rates),
         )
         #: ``gateway.gate.GateShell`` driving the lifecycle's dispatch gate (made by the proxy on first use)
         self.gate_shell: Any = None
@@ -126,10 +132,12 @@ class Deployment:
 
     def remove_replica(self, name: str) -> ReplicaState | None:
         """Forget a replica (in-flight requests to it finish; they hold their own reference)."""
+        self.rates.forget_replica(name)
         return self.replicas.pop(name, None)
 
     def snapshots(self) -> list[ReplicaSnapshot]:
-        return [r.snapshot() for r in self.replicas.values()]
+        learned = self.rates.current
+        return [r.snapshot(learned.get(r.name)) for r in self.replicas.values()]
 
     def pick(
         self, request: RequestInfo, now: float, rng: RandomSource, exclude: frozenset[str]

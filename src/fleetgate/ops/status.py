@@ -48,7 +48,8 @@ def replica_rows(fleet: Any, per_replica: Mapping[str, SloStats]) -> list[dict[s
         capacity = float(replica.capacity_mu_per_min)
         used = st.mu_per_min if st is not None else 0.0
         engine = replica.engine
-        snap = replica.snapshot()
+        learned = deployment.rates.rates(replica.name)
+        snap = replica.snapshot(learned)
         rows.append(
             {
                 "name": replica.name,
@@ -70,6 +71,13 @@ def replica_rows(fleet: Any, per_replica: Mapping[str, SloStats]) -> list[dict[s
                 "failed": replica.failed,
                 "ttft_p95_s": None if st is None else _num(st.ttft_p95_s),
                 "requests": 0 if st is None else st.requests,
+                # engine rates learned online (core.engine_rates): null until enough evidence
+                "prefill_tokens_per_s": _num(learned.prefill_tokens_per_s),
+                "decode_s_per_token": _num(learned.decode_s_per_token),
+                "prefill_rate_source": learned.prefill_source or None,
+                "prefill_tokens_per_s_timing": _num(learned.timing_prefill_tokens_per_s),
+                "prefill_tokens_per_s_counters": _num(learned.counter_prefill_tokens_per_s),
+                "profile_drift": _num(learned.drift),
             }
         )
     return rows

@@ -39,6 +39,13 @@ class MetricNames:
     prefix_hits: tuple[str, ...] = ()  #: cumulative prompt tokens found there
     prefix_hit_rate: tuple[str, ...] = ()  #: a ratio gauge, used for hits when no hit counter exists
     generation_tokens: tuple[str, ...] = ()  #: cumulative generated tokens (progress for the prober)
+    #: the engine's own work counters, read by the online rate learner (``core.engine_rates``): prompt
+    #: tokens it prefilled and the seconds it spent on them (summed per request), output tokens and theirs
+    prefill_tokens: tuple[str, ...] = ()
+    prefill_tokens_include_cached: bool = False  #: the counter also counts prefix-cache hits (vLLM)
+    prefill_seconds: tuple[str, ...] = ()
+    decode_tokens: tuple[str, ...] = ()
+    decode_seconds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

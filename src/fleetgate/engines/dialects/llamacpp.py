@@ -13,6 +13,10 @@ LLAMACPP = EngineDialect(
         prefix_queries=("llamacpp:prompt_tokens_total",),
         prefix_hits=("llamacpp:prompt_tokens_cached_total",),
         generation_tokens=("llamacpp:tokens_predicted_total",),
+        prefill_tokens=("llamacpp:prompt_tokens_total",),  # evaluated tokens (cached ones apart)
+        prefill_seconds=("llamacpp:prompt_seconds_total",),
+        decode_tokens=("llamacpp:tokens_predicted_total",),
+        decode_seconds=("llamacpp:tokens_predicted_seconds_total",),
     ),
     priority=None,
 )

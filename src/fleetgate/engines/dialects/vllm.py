@@ -12,6 +12,11 @@ VLLM = EngineDialect(
         prefix_queries=("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
         prefix_hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
         generation_tokens=("vllm:generation_tokens_total",),
+        prefill_tokens=("vllm:prompt_tokens_total",),
+        prefill_tokens_include_cached=True,
+        prefill_seconds=("vllm:request_prefill_time_seconds_sum",),
+        decode_tokens=("vllm:inter_token_latency_seconds_count",),
+        decode_seconds=("vllm:inter_token_latency_seconds_sum",),
     ),
     # lower runs first; without --scheduling-policy priority vLLM answers 400 to any non-zero priority
     priority=PriorityField(needs_flag=True),

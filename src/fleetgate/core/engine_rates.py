@@ -1,0 +1,341 @@
+"""Engine rates learned online: each replica's prefill throughput and decode time (sans-IO).
+
+The router's TTFT estimate and the dispatch gate need how fast a replica prefills (prompt tokens per
+second) and how long a decode step takes. Nobody should have to configure that: the gateway sees it.
+Two kinds of evidence, both per replica:
+
+* **request timing** (lifecycle events ``on_dispatch`` / ``on_first_token`` / ``on_complete`` with the
+  engine's ``usage``): a streamed request that ran *alone* on its replica (nothing else in flight there
+  from dispatch to first token) prefilled ``prompt_tokens - cached_tokens`` tokens in its time to first
+  token; the slope of that time against the tokens is the prefill rate (the intercept soaks up network,
+  parsing and scheduling overhead). Every streamed request gives the time per output token after the first.
+  A non-streamed request that ran alone counts once the decode time is known (its latency minus its decode).
+* **the engine's own counters** (``on_counters``, from the /metrics scraper): llama.cpp's
+  ``prompt_seconds_total`` / ``prompt_tokens_total``, vLLM's prefill-time histogram sum over the prompt
+  tokens it computed, and the decode equivalents. An engine sums those times per request, so two prompts
+  prefilled in one batch count the batch twice: an interval is used only when this gateway had at most one
+  request in flight on the replica throughout.
+
+Estimates are exponentially forgetting sums (``forget`` per observation, not per second, so an idle replica
+keeps what was learned). The engine's counters win over request timing when both are known. The **drift**
+of the deployment's cost profile is the learned seconds per prefill token over the profile's (alpha in
+replica seconds): 1.0 when the profile matches the engine; an alert is raised once when it stayed outside
+``1 +- drift_alert`` for ``drift_alert_after`` updates in a row (a change of engine speed moves the fit
+through transient values), and again only after it came back. Time is passed in; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from fleetgate.core.types import RequestInfo, Usage
+from fleetgate.core.units import CostProfile
+
+#: Scrape intervals with prefill work before the engine's counters are trusted (each sums many requests).
+_MIN_COUNTER_INTERVALS = 2
+#: Below this coefficient of variation of the prompt sizes the slope is ill-conditioned: use the ratio.
+_MIN_SPREAD = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCounters:
+    """Cumulative counters from one scrape of an engine's /metrics (``None`` where it has none)."""
+
+    prefill_tokens: float | None = None
+    prefill_seconds: float | None = None
+    decode_tokens: float | None = None
+    decode_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedRates:
+    """What is known about one replica; ``None`` until enough observations."""
+
+    prefill_tokens_per_s: float | None = None
+    decode_s_per_token: float | None = None
+    prefill_source: str = ""  # "counters" | "timing" | ""
+    prefill_samples: int = 0
+    decode_samples: int = 0
+    timing_prefill_tokens_per_s: float | None = None
+    counter_prefill_tokens_per_s: float | None = None
+    drift: float | None = None
+
+    def as_dict(self) -> dict[str, float | int | str | None]:
+        return {
+            "prefill_tokens_per_s": self.prefill_tokens_per_s,
+            "decode_s_per_token": self.decode_s_per_token,
+            "prefill_source": self.prefill_source,
+            "prefill_samples": self.prefill_samples,
+            "decode_samples": self.decode_samples,
+            "timing_prefill_tokens_per_s": self.timing_prefill_tokens_per_s,
+            "counter_prefill_tokens_per_s": self.counter_prefill_tokens_per_s,
+            "profile_drift": self.drift,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DriftAlert:
+    """The profile's seconds per prefill token is off by more than the threshold on ``replica``."""
+
+    replica: str
+    drift: float
+    learned_tokens_per_s: float
+    profile_tokens_per_s: float
+
+
+_NOTHING = LearnedRates()
+
+
+class _Fit:
+    """Forgetting least squares of ``y`` on ``x`` (with intercept), plus the ratio ``sum y / sum x``."""
+
+    __slots__ = ("n", "sw", "sx", "sxx", "sxy", "sy")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, x: float, y: float, forget: float) -> None:
+        f = forget
+        self.n += 1
+        self.sw = self.sw * f + 1.0
+        self.sx = self.sx * f + x
+        self.sy = self.sy * f + y
+        self.sxx = self.sxx * f + x * x
+        self.sxy = self.sxy * f + x * y
+
+    def ratio(self) -> float | None:
+        """``sum y / sum x`` (seconds per token through the origin)."""
+        return self.sy / self.sx if self.sx > 0 and self.sy > 0 else None
+
+    def slope(self) -> float | None:
+        """Seconds per token from the regression when the x values spread enough, else the ratio."""
+        if self.n >= 3:
+            mx = self.sx / self.sw
+            var = self.sxx / self.sw - mx * mx
+            if mx > 0 and var > (_MIN_SPREAD * mx) ** 2:
+                b = (self.sxy / self.sw - mx * (self.sy / self.sw)) / var
+                if b > 0 and self.sy / self.sw - b * mx >= 0:  # a negative intercept: noise, not overhead
+                    return b
+        return self.ratio()
+
+
+@dataclass(slots=True)
+class _Pending:
+    replica: str
+    dispatched_s: float
+    alone: bool
+    epoch: int
+    first_token_s: float | None = None
+    alone_at_first_token: bool = False
+
+
+@dataclass(slots=True)
+class _Replica:
+    inflight: int = 0
+    epoch: int = 0  # dispatches so far: a change means something else was sent here meanwhile
+    busiest_since_scrape: int = 0
+    prefill_timing: _Fit = field(default_factory=_Fit)
+    prefill_counters: _Fit = field(default_factory=_Fit)
+    decode_timing: _Fit = field(default_factory=_Fit)
+    decode_counters: _Fit = field(default_factory=_Fit)
+    last_counters: EngineCounters | None = None
+    off_streak: int = 0  # consecutive updates with the drift beyond the threshold
+    alerted: bool = False
+
+
+class EngineRateLearner:
+    """Learns, per replica of one deployment, prefill tokens per second and decode seconds per token.
+
+    A lifecycle observer (``on_dispatch``, ``on_first_token``, ``on_complete``) plus ``on_counters`` for
+    the scraper; ``rates(replica)`` reads the estimate, ``take_alerts()`` the drift alerts raised since the
+    last call. ``profile`` is the deployment's cost profile (the drift reference).
+    """
+
+    def __init__(
+        self,
+        profile: CostProfile | None = None,
+        *,
+        forget: float = 0.97,
+        min_samples: int = 3,
+        drift_alert: float = 0.2,
+        drift_alert_after: int = 8,
+        max_pending: int = 100_000,
+    ) -> None:
+        if not 0.0 < forget <= 1.0:
+            raise ValueError("forget must be in (0, 1]")
+        if min_samples < 1 or drift_alert <= 0:
+            raise ValueError("need min_samples >= 1 and drift_alert > 0")
+        self.profile = profile
+        self.forget = forget
+        self.min_samples = min_samples
+        self.drift_alert = drift_alert
+        self.drift_alert_after = drift_alert_after
+        self.max_pending = max_pending
+        self._replicas: dict[str, _Replica] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._alerts: list[DriftAlert] = []
+        #: the latest estimate per replica, recomputed when evidence arrives (the router reads it per pick)
+        self.current: dict[str, LearnedRates] = {}
+
+    def _rep(self, name: str) -> _Replica:
+        rep = self._replicas.get(name)
+        if rep is None:
+            rep = self._replicas[name] = _Replica()
+        return rep
+
+    # -- lifecycle observer ---------------------------------------------------------------------------
+
+    def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
+        rep = self._rep(replica)
+        alone = rep.inflight == 0
+        rep.inflight += 1
+        rep.epoch += 1
+        rep.busiest_since_scrape = max(rep.busiest_since_scrape, rep.inflight)
+        if len(self._pending) >= self.max_pending:  # lost completions must not grow this without bound
+            self._pending.pop(next(iter(self._pending)))
+        self._pending[request.request_id] = _Pending(replica, now, alone, rep.epoch)
+
+    def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
+        p = self._pending.get(request.request_id)
+        if p is None or p.replica != replica or p.first_token_s is not None:
+            return
+        p.first_token_s = now
+        p.alone_at_first_token = p.alone and self._rep(replica).epoch == p.epoch
+
+    def on_complete(
+        self, request: RequestInfo, replica: str, now: float, usage: Usage | None, cost_mu: float, ok: bool
+    ) -> None:
+        p = self._pending.get(request.request_id)
+        if p is None or p.replica != replica:
+            return
+        del self._pending[request.request_id]
+        rep = self._rep(replica)
+        rep.inflight = max(rep.inflight - 1, 0)
+        if not ok or usage is None or usage.completion_tokens < 1:
+            return
+        prefilled = max(usage.prompt_tokens - usage.cached_tokens, 0)
+        f = self.forget
+        if p.first_token_s is not None:
+            if p.alone_at_first_token and prefilled > 0:
+                rep.prefill_timing.add(prefilled, max(p.first_token_s - p.dispatched_s, 0.0), f)
+            if usage.completion_tokens >= 2 and now > p.first_token_s:
+                rep.decode_timing.add(usage.completion_tokens - 1, now - p.first_token_s, f)
+        elif p.alone and rep.epoch == p.epoch and prefilled > 0:
+            decode = self._decode_s(rep)
+            if decode is not None:  # a solo non-streamed request: latency minus its decode is its prefill
+                prefill_s = now - p.dispatched_s - decode * (usage.completion_tokens - 1)
+                if prefill_s > 0:
+                    rep.prefill_timing.add(prefilled, prefill_s, f)
+        self._updated(replica, rep)
+
+    # -- the engine's own counters --------------------------------------------------------------------
+
+    def on_counters(self, replica: str, now: float, counters: EngineCounters | None) -> None:
+        """A scrape of ``replica``'s /metrics (``None``: the scrape failed; the next one starts afresh)."""
+        rep = self._rep(replica)
+        previous, rep.last_counters = rep.last_counters, counters
+        quiet = rep.busiest_since_scrape <= 1
+        rep.busiest_since_scrape = rep.inflight
+        if previous is None or counters is None:
+            return
+        f = self.forget
+        dt = _delta(previous.prefill_tokens, counters.prefill_tokens)
+        ds = _delta(previous.prefill_seconds, counters.prefill_seconds)
+        if quiet and dt is not None and ds is not None and dt > 0 and ds > 0:
+            rep.prefill_counters.add(dt, ds, f)
+        dt = _delta(previous.decode_tokens, counters.decode_tokens)
+        ds = _delta(previous.decode_seconds, counters.decode_seconds)
+        if dt is not None and ds is not None and dt > 0 and ds > 0:
+            rep.decode_counters.add(dt, ds, f)
+        self._updated(replica, rep)
+
+    # -- reading --------------------------------------------------------------------------------------
+
+    def _prefill_s(self, rep: _Replica) -> tuple[float | None, str]:
+        if rep.prefill_counters.n >= _MIN_COUNTER_INTERVALS:
+            return rep.prefill_counters.ratio(), "counters"
+        if rep.prefill_timing.n >= self.min_samples:
+            return rep.prefill_timing.slope(), "timing"
+        return None, ""
+
+    def _decode_s(self, rep: _Replica) -> float | None:
+        if rep.decode_counters.n >= _MIN_COUNTER_INTERVALS:
+            return rep.decode_counters.ratio()
+        if rep.decode_timing.n >= self.min_samples:
+            return rep.decode_timing.ratio()
+        return None
+
+    def rates(self, replica: str) -> LearnedRates:
+        """The latest estimate for ``replica`` (all ``None`` before any evidence)."""
+        return self.current.get(replica, _NOTHING)
+
+    def _compute(self, rep: _Replica) -> LearnedRates:
+        prefill_s, source = self._prefill_s(rep)
+        timing = rep.prefill_timing.slope() if rep.prefill_timing.n >= self.min_samples else None
+        counters = rep.prefill_counters.ratio() if rep.prefill_counters.n >= _MIN_COUNTER_INTERVALS else None
+        return LearnedRates(
+            prefill_tokens_per_s=_inverse(prefill_s),
+            decode_s_per_token=self._decode_s(rep),
+            prefill_source=source if prefill_s else "",
+            prefill_samples=rep.prefill_counters.n if source == "counters" else rep.prefill_timing.n,
+            decode_samples=max(rep.decode_counters.n, rep.decode_timing.n),
+            timing_prefill_tokens_per_s=_inverse(timing),
+            counter_prefill_tokens_per_s=_inverse(counters),
+            drift=self._drift(prefill_s),
+        )
+
+    def profile_prefill_s_per_token(self) -> float | None:
+        """Seconds per prefilled token the cost profile implies (alpha in replica seconds)."""
+        p = self.profile
+        if p is None or p.alpha <= 0:
+            return None
+        return p.replica_seconds(p.alpha)
+
+    def _drift(self, learned_s: float | None) -> float | None:
+        ref = self.profile_prefill_s_per_token()
+        if learned_s is None or ref is None or not learned_s > 0:
+            return None
+        return learned_s / ref
+
+    def _updated(self, name: str, rep: _Replica) -> None:
+        rates = self.current[name] = self._compute(rep)
+        drift = rates.drift
+        if drift is None or rates.prefill_tokens_per_s is None:
+            return
+        if abs(drift - 1.0) <= self.drift_alert:
+            rep.off_streak = 0
+            rep.alerted = False
+            return
+        rep.off_streak += 1
+        if rep.off_streak >= self.drift_alert_after and not rep.alerted:
+            ref = self.profile_prefill_s_per_token()
+            assert ref is not None
+            self._alerts.append(DriftAlert(name, drift, rates.prefill_tokens_per_s, 1.0 / ref))
+            rep.alerted = True
+
+    def take_alerts(self) -> list[DriftAlert]:
+        """Drift alerts raised since the last call (each once per excursion beyond the threshold)."""
+        out, self._alerts = self._alerts, []
+        return out
+
+    def replicas(self) -> list[str]:
+        return list(self._replicas)
+
+    def forget_replica(self, replica: str) -> None:
+        """A replica left (or was replaced): drop what was learned about it."""
+        self._replicas.pop(replica, None)
+        self.current.pop(replica, None)
+        for rid in [rid for rid, p in self._pending.items() if p.replica == replica]:
+            del self._pending[rid]
+
+
+def _delta(old: float | None, new: float | None) -> float | None:
+    if old is None or new is None or new < old:  # a counter that went back: the engine restarted
+        return None
+    return new - old
+
+
+def _inverse(seconds: float | None) -> float | None:
+    return 1.0 / seconds if seconds is not None and seconds > 0 and math.isfinite(seconds) else None

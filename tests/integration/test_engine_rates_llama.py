@@ -1,0 +1,111 @@
+"""Online engine calibration on a real llama.cpp replica: the gateway learns the prefill rate by itself.
+
+One ``llama-server`` (tiny model, 1 thread, 4 slots). ``fleetgate calibrate``'s sweep (a short design, wall
+clock) measures the replica's prefill rate as 1 / alpha; then ``fleetgate serve`` in front of the same replica
+serves a dozen ordinary streamed requests of the calibration's prompt lengths (a replica's per-token prefill
+cost grows with the prompt: attention), and ``/admin/status`` must show a
+learned ``prefill_tokens_per_s`` within 25% of the calibrated one, from the engine's counters and from the
+first-token times alike. Figures are printed (``-s``) and recorded in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from engine_http import MODEL
+
+from fleetgate.core.calibrate import sweep_design
+from fleetgate.engines.calibration import calibrate_engine
+from fleetgate.engines.llama import EngineProcess, LlamaServerConfig, free_port, llama_server
+from real_engines import need_llama
+
+pytestmark = pytest.mark.timeout(240)
+
+WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "big", "red", "dog")
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    need_llama()
+    log = tmp_path_factory.mktemp("llama-rates") / "llama.log"
+    cfg = LlamaServerConfig(port=free_port(), parallel=4, ctx_size=16384, threads=1, ignore_eos=True)
+    proc = llama_server(cfg, log_path=log)
+    proc.start()
+    try:
+        proc.wait_ready(timeout=60)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _prompt(rng: random.Random, tag: str, words: int) -> str:
+    """A prompt that shares nothing but the chat template with any other (no prefix-cache hits)."""
+    return f"Request {tag} :" + "".join(" " + rng.choice(WORDS) for _ in range(words))
+
+
+def test_learned_prefill_rate_matches_calibration(replica: EngineProcess, start_gateway) -> None:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    # output 1 isolates prefill (and keeps the sweep short): what a prompt costs is what the fit must say
+    design = sweep_design([64, 512, 1024], [1, 16], [4, 8])
+    run = asyncio.run(
+        calibrate_engine(
+            replica.url, MODEL, design=design, requests_per_worker=4, min_requests=16, progress=False
+        )
+    )
+    cal_s = time.monotonic() - t0
+
+    gw = start_gateway({MODEL: [replica]})
+    rng = random.Random(7)
+    # the calibration's own prompt lengths (per-token prefill cost grows with the context: attention), mixed
+    sizes = sorted({w for lad in run.ladders for w in lad["words"]}) * 4
+    rng.shuffle(sizes)
+    prompts: list[int] = []
+    with httpx.Client(base_url=gw.url, timeout=60) as client:
+        for i, words in enumerate(sizes):
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": _prompt(rng, f"rates-{i}", words)}],
+                "max_tokens": 8,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+                assert resp.status_code == 200
+                for line in resp.iter_lines():
+                    if line.startswith("data: {") and '"usage"' in line:
+                        usage = json.loads(line[6:]).get("usage")
+                        if usage:
+                            prompts.append(usage["prompt_tokens"])
+            time.sleep(0.25)  # ordinary paced traffic: several scrape intervals see the counters grow
+        time.sleep(1.5)  # the scraper (0.5 s) sees the counters of the last quiet interval
+        status = client.get("/admin/status").json()
+    assert len(prompts) == len(sizes)
+    calibrated = run.calibration.prefill_tokens_per_s(prompts)  # what the fit says these prompts cost
+    assert calibrated is not None and calibrated > 0
+    (row,) = [r for r in status["replicas"] if r["deployment"] == MODEL]
+    learned = row["prefill_tokens_per_s"]
+    timing = row["prefill_tokens_per_s_timing"]
+    counters = row["prefill_tokens_per_s_counters"]
+    secs = run.calibration.seconds_coefficients
+    print(f"\ncalibration seconds coefficients {secs}")
+    print(
+        f"\ncalibrated prefill {calibrated:.0f} tok/s ({cal_s:.1f} s sweep, {len(run.measurements)} shapes); "
+        f"learned {learned} tok/s via {row['prefill_rate_source']} (timing {timing}, counters {counters}); "
+        f"decode {row['decode_s_per_token']} s/token; drift vs the default profile {row['profile_drift']}"
+    )
+    print(json.dumps({"calibrated": calibrated, "learned": learned, "timing": timing, "counters": counters}))
+    assert row["prefill_rate_source"] == "counters"
+    for value in (learned, timing, counters):
+        assert value is not None
+        assert abs(value / calibrated - 1.0) <= 0.25, (value, calibrated)
+    assert row["decode_s_per_token"] is not None and row["decode_s_per_token"] > 0
+    metrics = httpx.get(gw.url + "/metrics", timeout=10).text
+    assert "fleetgate_engine_prefill_tokens_per_second{" in metrics
+    assert "fleetgate_cost_profile_drift{" in metrics
