@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fleetgate.core.autoscale import AutoscaleContext, Autoscaler, DemandMeter
+from fleetgate.core.engine_rates import EngineRateLearner
 from fleetgate.core.errors import ServiceUnavailableError
 from fleetgate.core.lifecycle import Lifecycle, LifecycleObserver, SortedOutputHistory
 from fleetgate.core.routing.base import RoutingPolicy
@@ -138,6 +139,8 @@ class Simulator:
         self.admission = admission
         self.rng = random.Random(config.seed)
         self.history = SortedOutputHistory()
+        #: the same online engine-rate learner as the gateway's deployments (a lifecycle observer)
+        self.rates = EngineRateLearner(profile)
         # The gateway's lifecycle; the demand meter only feeds the autoscaler, so it runs only with one.
         self.lifecycle: Lifecycle[tuple[int, RequestInfo]] = Lifecycle(
             policy,
@@ -145,7 +148,7 @@ class Simulator:
             snapshots=self.snapshots,
             history=self.history,
             demand=DemandMeter() if autoscaler is not None else None,
-            observers=observers,
+            observers=(*observers, self.rates),
         )
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
@@ -188,7 +191,9 @@ class Simulator:
     def _add_replica(self, now: float, ready: bool) -> SimReplica:
         idx = len(self.replicas)
         name = self.cfg.replica_ids(idx)
-        rep = SimReplica(idx, name, self.engine_factory(name), self.profile.capacity_mu_per_min)
+        rep = SimReplica(
+            idx, name, self.engine_factory(name), self.profile.capacity_mu_per_min, learned=self.rates.current
+        )
         rep.provisioned_s = now
         if ready:
             rep.state = ReplicaState.READY

@@ -6,11 +6,12 @@ simulator's id factory, never drawn from globals.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from enum import IntEnum
 from typing import Any, Protocol, TypeVar
 
+from fleetgate.core.engine_rates import LearnedRates
 from fleetgate.core.lifecycle import ReplicaLoad
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
 from fleetgate.simengine.perfmodel import EngineRequest, StepResult
@@ -117,8 +118,11 @@ _snapshot = frozen_builder(
         "engine_running",
         "engine_kv_usage",
         "engine_prefix_hit_rate",
+        "learned_prefill_tokens_per_s",
+        "learned_decode_s_per_token",
     ),
 )
+_NOT_LEARNED = LearnedRates()
 #: ``RequestInfo`` of a trace request, positional in this order (see ``Simulator._on_arrival``).
 request_info = frozen_builder(
     RequestInfo,
@@ -178,6 +182,8 @@ class SimReplica(ReplicaLoad):
     pos: int = -1  # index in the simulator's snapshot list
     sink: list[SimReplica] | None = None  # where to report "my snapshot changed"
     inflight_ids: set[int] = field(default_factory=set)
+    #: the simulator's online engine-rate estimates by replica (``EngineRateLearner.current``), as live
+    learned: Mapping[str, LearnedRates] = field(default_factory=dict)
 
     def health(self) -> HealthState:
         if self.state == ReplicaState.STARTING:
@@ -203,6 +209,7 @@ class SimReplica(ReplicaLoad):
         """The snapshot the gateway would hand the router now (cached until a counter changes)."""
         if self.dirty or self.snapshot is None:
             state = self.state
+            learned = self.learned.get(self.name, _NOT_LEARNED)
             self.snapshot = _snapshot(
                 self.name,
                 HealthState.STARTING if state == ReplicaState.STARTING else HealthState.HEALTHY,
@@ -214,6 +221,8 @@ class SimReplica(ReplicaLoad):
                 self.scraped_running,
                 self.scraped_kv,
                 self.scraped_hit_rate,
+                learned.prefill_tokens_per_s,
+                learned.decode_s_per_token,
             )
             self.dirty = False
         return self.snapshot
