@@ -119,11 +119,22 @@ def calibrate(
     engine_pid: Annotated[
         int | None, typer.Option(help="Local engine process: measure replica time as its CPU time.")
     ] = None,
+    budget_s: Annotated[
+        float | None,
+        typer.Option(
+            "--budget-s",
+            min=1,
+            help="Plan the sweep to about this many seconds (shapes spread over the design).",
+        ),
+    ] = None,
 ) -> None:
-    """Fit a model-unit cost profile by a designed sweep against a live engine."""
+    """Fit a model-unit cost profile by a designed sweep against a live engine (progress lines with an ETA
+    when stdout is not a terminal)."""
     from fleetgate.engines.calibration import run_calibration
 
-    run_calibration(engine=engine, model=model, out=out, plot=plot, quick=quick, engine_pid=engine_pid)
+    run_calibration(
+        engine=engine, model=model, out=out, plot=plot, quick=quick, engine_pid=engine_pid, budget_s=budget_s
+    )
 
 
 def main() -> None:

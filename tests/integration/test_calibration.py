@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -56,6 +57,11 @@ def test_calibrate_quick_against_sim_engine(sim_engine: str, tmp_path: Path) -> 
     elapsed = time.monotonic() - t0
     assert res.returncode == 0, res.stderr + res.stdout
     print(res.stdout.splitlines()[-2:], f"{elapsed:.1f} s")
+    # stdout is a pipe, not a terminal: one progress line per shape, with an ETA
+    progress = [line for line in res.stdout.splitlines() if line.startswith("calibrate: ")]
+    assert progress[0] == "calibrate: 9 shapes planned"
+    assert len(progress) == 10 and all(re.search(r"s elapsed, ETA \d+ s$", p) for p in progress[1:])
+    assert progress[-1].startswith("calibrate: 9/9 ") and progress[-1].endswith("ETA 0 s")
     assert elapsed < 60, f"quick calibration took {elapsed:.1f} s"
 
     data = json.loads(out.read_text())
@@ -114,3 +120,30 @@ def test_calibrate_rejects_unreadable_engine_pid(tmp_path: Path) -> None:
     )
     assert res.returncode == 1
     assert "cannot read CPU time" in res.stderr
+
+
+@pytest.mark.timeout(120)
+def test_calibrate_budget_plans_a_spread_subset(start_engine: Callable[..., Any], tmp_path: Path) -> None:
+    """``--budget-s`` smaller than the sweep: the shapes that fit (at least the 6 a fit needs) are measured,
+    spread over the design (the first shapes span the smallest and largest lengths)."""
+    url = start_engine("fleetgate-sim", *SIM_ARGS, time_scale="0.05").wait_ready()
+    out = tmp_path / "profile.json"
+    res = run_calibrate(
+        "--engine",
+        url,
+        "--model",
+        "fleetgate-sim",
+        "--out",
+        str(out),
+        "--quick",
+        "--budget-s",
+        "1",
+        timeout=110,
+    )
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "calibrate: 9 shapes planned; budget 1 s" in res.stdout
+    assert "calibrate: budget reached: 6 of 9 shapes measured" in res.stdout
+    data = json.loads(out.read_text())
+    shapes = [(m["input_tokens"], m["output_tokens"]) for m in data["ladders"]]
+    assert len(shapes) == 6
+    assert {32, 1024} <= {i for i, _ in shapes} and {4, 96} <= {o for _, o in shapes}

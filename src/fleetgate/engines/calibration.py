@@ -19,6 +19,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from fleetgate.core.calibrate import (
     mixed_design,
     predicted_seconds,
 )
+from fleetgate.core.calibrate_plan import SweepPlan
 
 _WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "big", "red", "dog")
 
@@ -439,11 +441,15 @@ async def calibrate_engine(
     min_requests: int = 8,
     min_busy_s: float = 1.0,
     jitter: float = 0.0,
+    budget_s: float | None = None,
+    progress_lines: bool | None = None,
 ) -> CalibrationRun:
     """Run the sweep against ``engine`` and fit the profile (see the module docstring).
 
     ``busy_clock`` (e.g. ``lambda: process_cpu_seconds(pid)`` for a local one-thread CPU engine) measures
-    replica time on the replica's own busy seconds instead of the wall clock.
+    replica time on the replica's own busy seconds instead of the wall clock. ``budget_s``: plan the sweep
+    to this many seconds (``core.calibrate_plan``). ``progress_lines``: one plain line per shape with an
+    ETA instead of the live bar (default: when stdout is not a terminal, e.g. in CI or a log file).
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -459,6 +465,12 @@ async def calibrate_engine(
                 4,
                 random.Random(seed + 1),
             )
+    plan = SweepPlan.build(points, budget_s)
+    lines = progress and (not sys.stdout.isatty() if progress_lines is None else progress_lines)
+    started = time.monotonic()
+    if lines:
+        budget = f"; budget {budget_s:.0f} s" if budget_s is not None else ""
+        print(f"calibrate: {len(plan.points)} shapes planned{budget}", flush=True)
     rpw = requests_per_worker if requests_per_worker is not None else (2 if quick else 6)
     measurements: list[Measurement] = []
     ladders: list[dict[str, Any]] = []
@@ -472,12 +484,20 @@ async def calibrate_engine(
             BarColumn(),
             TextColumn("{task.completed}/{task.total} shapes"),
             TimeElapsedColumn(),
-            disable=not progress,
+            disable=not progress or lines,
             transient=False,
         ) as bar:
             task = bar.add_task("words per token", total=len(points))
             words_cache: dict[int, int] = {}
-            for point in points:
+            for point in plan.points:
+                if not plan.should_start(point, time.monotonic() - started):
+                    if lines:
+                        print(
+                            f"calibrate: budget reached: {plan.done} of {len(plan.points)} shapes measured",
+                            flush=True,
+                        )
+                    break
+                shape_t0 = time.monotonic()
                 wanted = point.mix or ((point.input_tokens, point.output_tokens),)
                 for inp, _ in wanted:
                     if inp not in words_cache:
@@ -532,6 +552,16 @@ async def calibrate_engine(
                     }
                 )
                 bar.advance(task)
+                plan.finished(point, time.monotonic() - shape_t0)
+                if lines:
+                    elapsed = time.monotonic() - started
+                    eta = plan.eta_s(elapsed)
+                    print(
+                        f"calibrate: {plan.done}/{len(plan.points)} {label}: {best.throughput_rps:.2f} req/s "
+                        f"at c={best.concurrency}; {elapsed:.0f} s elapsed, "
+                        f"ETA {'?' if eta is None else f'{eta:.0f} s'}",
+                        flush=True,
+                    )
     cal = fit_cost_profile(
         measurements,
         random.Random(seed),
@@ -550,10 +580,9 @@ async def calibrate_engine(
 
 def plot_calibration(run: CalibrationRun, path: Path, title: str = "") -> None:
     """PNG of predicted vs measured replica seconds per request (train and held-out shapes)."""
-    import matplotlib
+    from fleetgate.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cal = run.calibration
     measured = [m.replica_seconds * 1000 for m in run.measurements]
@@ -582,7 +611,13 @@ def plot_calibration(run: CalibrationRun, path: Path, title: str = "") -> None:
 
 
 def run_calibration(
-    engine: str, model: str, out: Path, plot: Path | None, quick: bool, engine_pid: int | None = None
+    engine: str,
+    model: str,
+    out: Path,
+    plot: Path | None,
+    quick: bool,
+    engine_pid: int | None = None,
+    budget_s: float | None = None,
 ) -> None:
     """The ``fleetgate calibrate`` command: sweep, fit, write JSON (and PNG), print the fit quality.
 
@@ -591,6 +626,14 @@ def run_calibration(
     """
     import typer
 
+    if plot is not None:
+        from fleetgate.plots import PlotsUnavailableError, require
+
+        try:
+            require()  # before the sweep, not after it
+        except PlotsUnavailableError as exc:
+            typer.echo(f"calibration failed: --plot: {exc}", err=True)
+            raise typer.Exit(2) from exc
     clock: Callable[[], float] | None = None
     if engine_pid is not None:
         pid = engine_pid
@@ -605,7 +648,9 @@ def run_calibration(
 
     try:
         run = asyncio.run(
-            calibrate_engine(engine, model, quick=quick, busy_clock=clock, jitter=0.0 if quick else 0.3)
+            calibrate_engine(
+                engine, model, quick=quick, busy_clock=clock, jitter=0.0 if quick else 0.3, budget_s=budget_s
+            )
         )
     except CalibrationError as exc:
         typer.echo(f"calibration failed: {exc}", err=True)

@@ -170,6 +170,7 @@ def simulate(
         raise typer.Exit(2)
     from fleetgate.sim.runner import json_dumps
 
+    _require_plots(report)
     opts = _options(
         **{k: v for k, v in locals().items() if k not in ("ctx", "json_out", "report", "progress")}
     )
@@ -226,6 +227,8 @@ def compare(
 
     from fleetgate.sim.report import markdown_table, write_report
 
+    _require_plots(report)
+
     names = [p.strip() for p in policies.split(",") if p.strip()]
     summaries: dict[str, dict[str, Any]] = {}
     results: dict[str, Any] = {}
@@ -250,3 +253,16 @@ def compare(
 
 def _cmdline() -> str:
     return "fleetgate simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+
+
+def _require_plots(report: Path | None) -> None:
+    """``--report`` draws PNGs: without the ``plots`` extra, say so before the run, in one line."""
+    if report is None:
+        return
+    from fleetgate.plots import PlotsUnavailableError, require
+
+    try:
+        require()
+    except PlotsUnavailableError as exc:
+        typer.echo(f"error: --report: {exc}", err=True)
+        raise typer.Exit(2) from exc

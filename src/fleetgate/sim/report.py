@@ -60,10 +60,9 @@ def write_report(
     command: str = "",
 ) -> Path:
     """Write ``report.md`` plus PNG plots into ``out_dir``; returns the Markdown path."""
-    import matplotlib
+    from fleetgate.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs: list[str] = []
