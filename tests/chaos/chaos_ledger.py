@@ -45,6 +45,7 @@ import aiohttp
 import orjson
 import yaml
 
+from failover_text import splice
 from fleetgate.core.tokenize import count_tokens, render_chat_prompt
 from fleetgate.engines.llama import EngineProcess, LlamaServerConfig, llama_server, missing_llama_parts
 from fleetgate.simengine.textgen import start_index, tokens_text
@@ -352,6 +353,8 @@ class Entry:
     stamp: tuple[int, str] | None = None
     #: the replica that answered, from the gateways' access logs (filled in by ``check``)
     replica: str | None = None
+    #: the engines whose outputs make the text, when it is a splice of several (a continued stream)
+    splice: list[str] | None = None
 
     @property
     def messages(self) -> list[dict[str, str]]:
@@ -597,6 +600,22 @@ class Report:
     by_replica: dict[str, dict[str, int]] = field(default_factory=dict)
     #: replica -> invariant breaches among the requests it answered
     replica_violations: dict[str, int] = field(default_factory=dict)
+    #: streams whose replica broke after the first byte (the gateways' logs say so), and how many of them
+    #: still completed for the client (continued on another replica: one stream, exact text and usage)
+    interrupted: int = 0
+    continued_ok: int = 0
+    #: seconds from detecting each break to the continued stream's first event (gateways' logs)
+    resume_s: list[float] = field(default_factory=list)
+
+    @property
+    def transparent_share(self) -> float:
+        return self.continued_ok / self.interrupted if self.interrupted else 1.0
+
+    def resume_quantile(self, q: float) -> float | None:
+        if not self.resume_s:
+            return None
+        ordered = sorted(self.resume_s)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     def summary(self) -> str:
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted(self.error_kinds.items(), key=lambda kv: -kv[1]))
@@ -610,7 +629,34 @@ class Report:
             f"{self.truncated}; capped tenant max admitted in a 60 s window {self.rate_limit_max_window} "
             f"(allowed {self.rate_limit_allowed}); errors by kind: {kinds or '-'}"
             + (f"; by replica: {replicas}" if replicas else "")
+            + f"; interrupted streams {self.interrupted}, completed transparently {self.continued_ok} "
+            f"({100 * self.transparent_share:.1f}%), resume p50 {_ms(self.resume_quantile(0.5))} "
+            f"p99 {_ms(self.resume_quantile(0.99))}"
         )
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.1f} ms"
+
+
+#: The gateway's warning when a stream's replica breaks after the first byte, and when it was continued.
+_BROKE = re.compile(
+    r"request (\S+): replica \S+ (?:stream stalled|stream broke|ended the stream early|sent an error event)"
+)
+_CONTINUED = re.compile(
+    r"request (\S+): stream continued on replica \S+ after \d+ tokens, resumed in ([0-9.]+) s"
+)
+
+
+def interruptions(outputs: dict[str, str]) -> tuple[set[str], list[float]]:
+    """Request ids whose stream broke after the first byte, and every continuation's time to resume."""
+    broke: set[str] = set()
+    resume: list[float] = []
+    for text in outputs.values():
+        for match in _BROKE.finditer(text):
+            broke.add(match.group(1).strip('",'))
+        resume += [float(m.group(2)) for m in _CONTINUED.finditer(text)]
+    return broke, resume
 
 
 def _error_kind(entry: Entry) -> str:
@@ -665,6 +711,15 @@ def _entry_violations(e: Entry, access_logs: dict[str, str]) -> tuple[list[str],
         candidates = [sim, llama]
     else:
         candidates = [sim]
+    stamp = e.stamp[1] if e.stamp is not None else None
+    render = render_chat_prompt(e.messages)
+    if e.outcome == "ok" and e.stream and e.text not in candidates:
+        # a stream continued on another replica after a break: the engines' outputs spliced, each given
+        # everything before it (a llama.cpp stamp run, then the simulated engine's text, or the reverse)
+        path = splice(render, stamp, e.text, e.max_tokens)
+        if path is not None and len(path) > 1:  # one engine alone must be the replica that answered
+            e.splice = path
+            candidates = [e.text]
     if e.outcome == "ok":
         if e.text not in candidates:
             mixed += 1
@@ -674,7 +729,9 @@ def _entry_violations(e: Entry, access_logs: dict[str, str]) -> tuple[list[str],
             )
         # tokens received: the simulated engine's text counts with the shared tokenizer; a stamped llama.cpp
         # answer that equals its expected text has exactly max_tokens tokens
-        received = e.max_tokens if llama is not None and e.text == llama else count_tokens(e.text)
+        received = count_tokens(e.text)
+        if (llama is not None and e.text == llama) or (e.splice is not None and "llama" in e.splice):
+            received = e.max_tokens  # a splice explains exactly max_tokens tokens
         if e.completion_tokens != e.max_tokens or received != e.completion_tokens:
             truncated += 1
             found.append(
@@ -683,7 +740,11 @@ def _entry_violations(e: Entry, access_logs: dict[str, str]) -> tuple[list[str],
         if e.finish_reason is None:
             truncated += 1
             found.append(f"{e.nonce}: no finish_reason")
-    elif e.text and not any(c.startswith(e.text) for c in candidates):
+    elif (
+        e.text
+        and not any(c.startswith(e.text) for c in candidates)
+        and splice(render, stamp, e.text, e.max_tokens, partial=True) is None
+    ):
         # an explicit mid-stream error: what arrived must still be this request's own prefix
         mixed += 1
         found.append(f"{e.nonce}: partial text from {e.replica} is not a prefix of this request's answer")
@@ -734,6 +795,8 @@ def check(
     allowed = int(capped_rpm) + 1 + capped_concurrency
     if worst > allowed:
         violations.append(f"capped tenant: {worst} admitted within 60 s, limit {capped_rpm:g}")
+    broke, resume = interruptions(access_logs)
+    interrupted = [e for e in ledger if e.stream and e.nonce in broke]
     return Report(
         total=len(ledger),
         ok=counts["ok"],
@@ -748,6 +811,9 @@ def check(
         violations=violations,
         by_replica=by_replica,
         replica_violations=replica_violations,
+        interrupted=len(interrupted),
+        continued_ok=sum(1 for e in interrupted if e.outcome == "ok"),
+        resume_s=resume,
     )
 
 

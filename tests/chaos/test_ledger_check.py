@@ -90,3 +90,34 @@ def test_replica_comes_from_the_access_log() -> None:
     e = _answered(_entry("c1"), "il" * 5, 5, None)
     report = _check(e, logs=logs)
     assert e.replica == LLAMA and report.violations == []
+
+
+def test_continued_stream_splices_pass_and_duplicates_are_caught() -> None:
+    """A stream continued after a break reads as a splice of the engines' outputs; one duplicated token at
+    the seam is caught, and the gateways' logs tell which streams broke and how fast they resumed."""
+    from fleetgate.core.tokenize import render_chat_prompt
+    from fleetgate.simengine.textgen import start_index, tokens_text
+
+    good = _entry("c1", max_tokens=8)
+    head = "il" * 3  # three tokens from the llama.cpp replica, then the simulated engine went on
+    tail = tokens_text(start_index(render_chat_prompt(good.messages) + head), 0, 5)
+    good = _answered(good, head + tail, 8, "e0")
+    dup = _entry("c2", max_tokens=8)
+    head2 = "il" * 3
+    tail2 = tokens_text(start_index(render_chat_prompt(dup.messages) + head2), 0, 5)
+    dup = _answered(dup, head2 + "il" + tail2[: -len(tail2.split(" ")[-1]) - 1], 8, "e0")
+    logs = {
+        "gw": "\n".join(
+            [
+                '{"msg": "request c1: replica llama stream broke: ClientPayloadError"}',
+                '{"msg": "request c1: stream continued on replica e0 after 3 tokens, resumed in 0.0042 s"}',
+                '{"msg": "request c2: replica llama stream stalled for 1.5 s"}',
+            ]
+        )
+    }
+    report = _check(good, dup, logs=logs)
+    assert good.splice == ["llama", "sim"]
+    assert [v for v in report.violations if v.startswith("c1")] == []
+    assert any(v.startswith("c2") for v in report.violations)
+    assert report.interrupted == 2 and report.continued_ok == 2  # c2 "completed", but its text is caught
+    assert report.resume_s == [0.0042]

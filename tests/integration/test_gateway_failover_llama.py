@@ -18,9 +18,9 @@ import orjson
 import pytest
 from test_gateway_failover import _read
 
+from failover_text import splice
 from fleetgate.core.tokenize import count_tokens, render_chat_prompt
 from fleetgate.engines.llama import EngineProcess, LlamaServerConfig, free_port, llama_server
-from fleetgate.simengine.textgen import WordChain, start_index
 from real_engines import need_llama
 
 MODEL = "sim-model"
@@ -58,40 +58,6 @@ def _stamps(url: str, want: int) -> list[tuple[int, str]]:
 
 def _messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Story number {i}: tell me about rivers and towns."}]
-
-
-def _explain(
-    render: str, stamp: str, text: str, left: int, prefix: str = "", depth: int = 0
-) -> list[str] | None:
-    """The engines whose output, spliced, is exactly ``text`` (``left`` tokens): ``["llama", "sim", ...]``;
-    ``None`` when no splice explains it (a duplicated, lost or foreign token)."""
-    if not text:
-        return [] if left == 0 else None
-    if depth > 4:
-        return None
-    m = 0
-    while m < left and text.startswith(stamp, m * len(stamp)):
-        m += 1
-    for k in range(m, 0, -1):  # a llama.cpp segment: the stamp k times
-        cut = k * len(stamp)
-        rest = _explain(render, stamp, text[cut:], left - k, prefix + text[:cut], depth + 1)
-        if rest is not None:
-            return ["llama", *rest]
-    chain = WordChain(start_index(render + prefix))  # a simulated-engine segment, given all text before it
-    used = 0
-    ends: list[int] = []
-    while len(ends) < left:
-        word = chain.next()
-        if not text.startswith(word, used):
-            break
-        used += len(word)
-        ends.append(used)
-    for n in range(len(ends), 0, -1):
-        cut = ends[n - 1]
-        rest = _explain(render, stamp, text[cut:], left - n, prefix + text[:cut], depth + 1)
-        if rest is not None:
-            return ["sim", *rest]
-    return None
 
 
 def test_llama_replica_crash_and_sim_stall_mid_stream_are_continued(
@@ -160,7 +126,7 @@ def test_llama_replica_crash_and_sim_stall_mid_stream_are_continued(
         assert len(got["ids"]) == 1 and len(got["created"]) == 1 and got["roles"] == 1
         render = render_chat_prompt(_messages(i))
         salted = "\x001\x000\x00" + render  # the simulated engine's text for seed 1, choice 0
-        path = _explain(salted, stamps[i][1], got["text"], TOKENS)
+        path = splice(salted, stamps[i][1], got["text"], TOKENS)
         assert path is not None, (i, got["text"][:300])
         key = "+".join(path)
         kinds[key] = kinds.get(key, 0) + 1

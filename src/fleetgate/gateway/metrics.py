@@ -21,6 +21,9 @@ LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
     160.0,
 )  # fmt: skip
+RESUME_BUCKETS = (
+    0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
 ROUTING_BUCKETS = (
     0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
     0.05, 0.1,
@@ -103,7 +106,14 @@ class GatewayMetrics:
             "Added latency of a continuation: from detecting the broken stream to the first continued event "
             "sent to the client (a stall is detected stream_idle_timeout_s after the last event).",
             ["deployment"],
-            buckets=LATENCY_BUCKETS,
+            buckets=RESUME_BUCKETS,
+            registry=self.registry,
+        )
+        self.interrupted_streams = Counter(
+            "fleetgate_interrupted_streams",
+            "Streams whose replica broke after the first byte, by outcome: continued (the client saw one "
+            "unbroken stream) or error (it got an SSE error event).",
+            ["deployment", "outcome"],
             registry=self.registry,
         )
         self.failover_refusals = Counter(

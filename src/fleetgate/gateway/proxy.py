@@ -503,10 +503,13 @@ class Proxy:
                     tail, error = await self._continue(
                         request, response, deployment, replica, tracker, call, error
                     )
+                    outcome = "error" if error is not None else "continued"
+                    self.metrics.interrupted_streams.labels(deployment.model, outcome).inc()
             elif error is None and tracker.error is not None:  # the engine's own in-band error, relayed as is
                 call.error_kind = "engine_stream_error"
             elif error is not None:  # a stream that cannot be continued exactly ends with an SSE error
                 self.metrics.failover_refusals.labels(deployment.model, call.refusal or "disabled").inc()
+                self.metrics.interrupted_streams.labels(deployment.model, "error").inc()
             if error is not None:
                 call.error_kind = _error_kind(error)
                 log.warning("request %s: %s", request["request_id"], error.message)
@@ -632,6 +635,7 @@ class Proxy:
         url = replica.url + PATHS[call.endpoint]
         headers = {**deployment.upstream_headers, REQUEST_ID_HEADER: request["request_id"]}
         timeout_s = deployment.config.failover.timeout_s
+        produced = tracker.produced
         idle = self.config.stream_idle_timeout_s
         upstream: aiohttp.ClientResponse | None = None
         try:
@@ -653,6 +657,8 @@ class Proxy:
                     await response.write(first)
                     resumed = self.clock() - broke_at
                     self.metrics.continuation_resume.labels(deployment.model).observe(resumed)
+                    log.warning("request %s: stream continued on replica %s after %d tokens, resumed in "
+                                "%.4f s", request["request_id"], replica.name, produced, resumed)  # fmt: skip
                 tail = b""
                 if not upstream.content.at_eof():
                     tail = await self._relay(response, upstream.content, tracker, idle)
