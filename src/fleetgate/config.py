@@ -98,6 +98,13 @@ class DeploymentConfig(_Strict):
         "takes none). Health probes then carry the highest priority too.",
     )
 
+    tokenizer: str | None = Field(
+        default=None,
+        description="Path to the model's Hugging Face `tokenizer.json` (or its folder): prompt tokens for "
+        "MU estimates and token limits, and prefix-block hashes (of token ids, in the engine's KV block size "
+        "where its dialect knows it) come from it. Unset: a fast approximation (about 4 characters per "
+        "token; far off for Chinese).",
+    )
     failover: FailoverConfig = Field(default_factory=FailoverConfig)
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ import orjson
 from fleetgate.core.errors import InvalidRequestError
 from fleetgate.core.sse import DONE_DATA, SSEParser
 from fleetgate.core.tokenize import block_hashes, count_and_hash, count_and_hash_chat, count_tokens
+from fleetgate.core.tokenizer import Tokenizer, count_and_hash_chat_ids, count_and_hash_text
 from fleetgate.core.types import Priority, RequestInfo, Usage
 
 Endpoint = Literal["chat", "completions"]
@@ -89,13 +90,19 @@ def load_json_body(raw: bytes) -> dict[str, Any]:
 
 
 def parse_request(
-    body: Mapping[str, Any], endpoint: Endpoint, block_tokens: int = 16, *, hashes: bool = True
+    body: Mapping[str, Any],
+    endpoint: Endpoint,
+    block_tokens: int = 16,
+    *,
+    hashes: bool = True,
+    tokenizer: Tokenizer | None = None,
 ) -> ParsedRequest:
     """Validate the fields the gateway relies on and extract them; raise ``InvalidRequestError`` otherwise.
 
     Token count and prefix block hashes (``block_tokens`` per block) come from one pass of the shared
     tokenizer approximation, so they agree with what the simulated engine caches. ``hashes=False`` skips the
     hashes (``prefix_hashes`` stays empty) for deployments whose routing policy does not read them.
+    ``tokenizer``: the model's real tokenizer (``core.tokenizer``), used instead of the approximation.
     """
     model = body.get("model")
     if model is None:
@@ -140,11 +147,17 @@ def parse_request(
         messages = body.get("messages")
         _check_messages(messages)
         assert isinstance(messages, list)
-        text, input_tokens, prefix = count_and_hash_chat(messages, block_tokens, hashes=hashes)
+        if tokenizer is None:
+            text, input_tokens, prefix = count_and_hash_chat(messages, block_tokens, hashes=hashes)
+        else:
+            rendered = count_and_hash_chat_ids(tokenizer, messages, block_tokens, hashes=hashes)
+            text, input_tokens, prefix = rendered
         image_parts = _count_image_parts(messages)
     else:
         text, ids = _prompt_text(body.get("prompt"))
-        if ids is None:
+        if ids is None and tokenizer is not None:
+            input_tokens, prefix = count_and_hash_text(tokenizer, text, block_tokens, hashes=hashes)
+        elif ids is None:
             input_tokens, prefix = _count(text, block_tokens, hashes)
         else:
             input_tokens, prefix = ids, (block_hashes(text, block_tokens) if hashes else ())

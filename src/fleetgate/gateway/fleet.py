@@ -20,11 +20,17 @@ from fleetgate.core.errors import NotFoundError
 from fleetgate.core.lifecycle import Lifecycle, LifecycleObserver, ReplicaLoad, SortedOutputHistory
 from fleetgate.core.routing.base import RoutingPolicy
 from fleetgate.core.routing.registry import build_policy
+from fleetgate.core.tokenizer import Tokenizer
 from fleetgate.core.types import HealthState, RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
 from fleetgate.core.units import CostProfile, load_profile
+from fleetgate.engines.dialects import dialect
 from fleetgate.engines.metrics import EngineSignals
+from fleetgate.hf_tokenizer import load_tokenizer
 
 log = logging.getLogger("fleetgate.gateway")
+
+#: Prefix-block size of the gateway's hashes (tokens or approximate pieces) unless the engine's is known.
+DEFAULT_BLOCK_TOKENS = 16
 
 
 @dataclass(slots=True)
@@ -90,8 +96,14 @@ class Deployment:
         *,
         history: SortedOutputHistory | None = None,
         observers: Sequence[LifecycleObserver] = (),
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.config = config
+        #: the model's real tokenizer (``deployments[].tokenizer``), else the approximation is used; prefix
+        #: blocks then follow the engine's KV block size where the dialect knows it
+        self.tokenizer = tokenizer
+        kv_block = dialect(config.engine).kv_block_tokens
+        self.block_tokens = kv_block if tokenizer is not None and kv_block else DEFAULT_BLOCK_TOKENS
         self.model = config.model
         self.upstream_model = config.upstream_model or config.model
         self.upstream_headers: dict[str, str] = {"Content-Type": "application/json"}
@@ -164,7 +176,8 @@ def build_deployment(
     profile = load_profile(config.cost_profile)
     if profile.capacity_mu_per_min != config.capacity_mu_per_min:
         profile = profile.with_capacity(config.capacity_mu_per_min)
-    return Deployment(config, policy, profile, history=history, observers=observers)
+    tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
+    return Deployment(config, policy, profile, history=history, observers=observers, tokenizer=tokenizer)
 
 
 class Fleet:

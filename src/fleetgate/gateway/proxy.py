@@ -182,7 +182,13 @@ class Proxy:
             body = load_json_body(await self._read_body(request))
             model = body.get("model")
             known = self.fleet.deployments.get(model) if isinstance(model, str) else None
-            parsed = parse_request(body, endpoint, hashes=known is None or _uses_prefix_hashes(known))
+            parsed = parse_request(
+                body,
+                endpoint,
+                16 if known is None else known.block_tokens,
+                hashes=known is None or _uses_prefix_hashes(known),
+                tokenizer=None if known is None else known.tokenizer,
+            )
             deployment = self.fleet.get(parsed.model)
             image_tokens = 0
             if parsed.image_parts and self.images is not None:  # text-only requests skip this entirely

@@ -77,6 +77,9 @@ class EngineDialect:
     #: how the engine goes on with a final assistant message (mid-stream failover, ``engines.continuation``);
     #: None: it cannot, so broken chat streams end with an SSE error (completions continue on any engine)
     chat_continuation: ChatContinuation | None = "continue_final_message"
+    #: tokens per KV-cache block (prefix caching reuses whole blocks); with a real tokenizer the gateway's
+    #: prefix-block hashes use this size. None: not known or token-granular (the gateway's default, 16)
+    kv_block_tokens: int | None = None
 
     def continuation_body(
         self, body: Mapping[str, Any], endpoint: Endpoint, text: str, produced_tokens: int

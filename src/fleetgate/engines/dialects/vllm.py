@@ -20,4 +20,5 @@ VLLM = EngineDialect(
     ),
     # lower runs first; without --scheduling-policy priority vLLM answers 400 to any non-zero priority
     priority=PriorityField(needs_flag=True),
+    kv_block_tokens=16,  # vLLM's default --block-size
 )
