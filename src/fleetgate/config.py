@@ -105,6 +105,13 @@ class DeploymentConfig(_Strict):
         "where its dialect knows it) come from it. Unset: a fast approximation (about 4 characters per "
         "token; far off for Chinese).",
     )
+    context_tokens: int = Field(
+        default=131072,
+        gt=0,
+        description="The engines' context length (vLLM `--max-model-len`, llama.cpp `--ctx-size`): the most "
+        "tokens a request can produce without `max_tokens`. Bounds admission budgets and the usage an "
+        "engine may report for a request (more is counted as an anomaly and not charged).",
+    )
     failover: FailoverConfig = Field(default_factory=FailoverConfig)
 
     @model_validator(mode="after")

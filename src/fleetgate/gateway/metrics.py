@@ -58,6 +58,14 @@ class GatewayMetrics:
             [*labels, "kind"],
             registry=self.registry,
         )
+        self.usage_anomalies = Counter(
+            "fleetgate_usage_anomalies",
+            "Engine usage reports cut to what the request could produce before settlement, by kind "
+            "(negative, output_over_bound: over max_tokens, the context or what was streamed, "
+            "prompt_over_context).",
+            [*labels, "kind"],
+            registry=self.registry,
+        )
         self.retries = Counter(
             "fleetgate_upstream_retries",
             "Attempts that failed before the first byte and were retried on another replica.",

@@ -34,6 +34,7 @@ import orjson
 from aiohttp import web
 
 from fleetgate.config import GatewayConfig
+from fleetgate.core.admission.settlement import bound_usage
 from fleetgate.core.errors import (
     FleetgateError,
     ServiceUnavailableError,
@@ -748,6 +749,17 @@ class Proxy:
             self.admission.release(ticket)
             lifecycle.release_demand(info, self.clock())
             return
+        if call.usage is not None:  # the engine's word, cut to what the request could produce
+            bounded = bound_usage(
+                call.usage, info, context_tokens=deployment.config.context_tokens,
+                streamed_events=call.output_events if info.stream else None,
+            )  # fmt: skip
+            for kind in bounded.anomalies:
+                rep = call.replica.name if call.replica is not None else ""
+                self.metrics.usage_anomalies.labels(deployment.model, rep, kind).inc()
+                log.warning("request %s: engine usage %s (%s); settled as %s", info.request_id, call.usage,
+                            kind, bounded.usage)  # fmt: skip
+            call.usage = bounded.usage
         actual = lifecycle.settle(info, call.usage, self.clock(), streamed_tokens=call.output_events)
         call.mu = actual
         settle = self.admission.settle(ticket, actual, self.admission_clock(), usage=call.usage)

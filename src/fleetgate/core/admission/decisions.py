@@ -26,7 +26,8 @@ SATURATED_RETRY_S = 0.5
 before it is tried again: about one metrics scrape (``scrape_interval_s``, 1 s by default) or less."""
 
 MAX_RETRY_AFTER_S = 60.0
-"""Retry-After given to clients is capped here (e.g. best-effort with no capacity at all)."""
+"""Retry-After for waits on the fleet's idle capacity (best-effort) is capped here; a wait on the tenant's own
+meters is reported as it is."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -482,7 +482,11 @@ class AdmissionCore:
     def finish_rejected(self, entry: QueueEntry, reason: Reason, now: float) -> None:
         self.materialize(entry)
         self.queue.remove(entry)
-        retry = min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, entry.retry_after_s))
+        retry = max(MIN_RETRY_AFTER_S, entry.retry_after_s)
+        if entry.last_reason != Reason.RATE_LIMITED:
+            # The tenant's own meters give an exact wait (Retry-After tells it, however long); idle capacity
+            # for best-effort may come back any time, so that wait is capped.
+            retry = min(MAX_RETRY_AFTER_S, retry)
         if reason == Reason.QUEUE_FULL:
             retry = max(retry, 1.0)
         tier = entry.last_tier or (entry.tiers[0] if entry.tiers else None)
