@@ -18,23 +18,29 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
+from fleetgate.autoscaler import AutoscalerLoop, provider_counts
 from fleetgate.config import ConfigError, DeploymentConfig, FleetgateConfig, ReplicaConfig
+from fleetgate.core.autoscale import ReportingAutoscaler, autoscaler_from
 from fleetgate.core.engine_rates import EngineRateLearner
+from fleetgate.core.health import HealthPolicy, Transition
 from fleetgate.core.lifecycle import LifecycleObserver, SortedOutputHistory
-from fleetgate.core.types import RandomSource
+from fleetgate.core.types import HealthState, RandomSource
 from fleetgate.engines.client import UpstreamClient
 from fleetgate.engines.dialects import dialect
 from fleetgate.engines.metrics import EngineSignals
-from fleetgate.engines.scraper import MetricsScraper
+from fleetgate.engines.scraper import MetricsScraper, ScrapeObserver, ScrapeTarget
 from fleetgate.gateway.admission import Admission, OpenAdmission
 from fleetgate.gateway.app import create_app
 from fleetgate.gateway.engine_rates import EngineRateListener, EngineRateMetrics
 from fleetgate.gateway.fleet import Deployment, Fleet, build_deployment
 from fleetgate.gateway.metrics import GatewayMetrics
-from fleetgate.gateway.proxy import Proxy
+from fleetgate.gateway.proxy import Proxy, ResultListener
 from fleetgate.gateway.secrets import KeySink, SecretFiles
 from fleetgate.gateway.server import GatewayServer
-from fleetgate.providers.base import ReplicaInfo
+from fleetgate.health.families import HealthFamilies
+from fleetgate.health.monitor import HealthMonitor, Remediator
+from fleetgate.ops.web import Ops
+from fleetgate.providers.base import ChangeListener, DrainHook, ReplicaInfo, ReplicaProvider
 from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
 
 if TYPE_CHECKING:
@@ -86,6 +92,59 @@ def attach_images(
     app.on_cleanup.append(on_cleanup)
 
 
+#: Builds one deployment's replica provider, given the callbacks the gateway wants it to call: the new replica
+#: list after every change, and "drain this replica" before it stops one.
+ProviderFactory = Callable[[ChangeListener, DrainHook], ReplicaProvider]
+
+
+class Gateway:
+    """Every object of one gateway process, wired at construction (what :func:`build_gateway` returns).
+
+    ``server`` listens and runs the services; ``fleet``, ``proxy`` and ``ops`` serve requests and report;
+    ``monitors`` (health, by model), ``providers`` (replica providers, by model) and ``autoscalers`` (loops,
+    by model) are the control plane. Nothing is attached later: observers and sinks are constructor arguments.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: FleetgateConfig,
+        server: GatewayServer,
+        fleet: Fleet,
+        proxy: Proxy,
+        ops: Ops,
+        admission: Admission,
+        monitors: Mapping[str, HealthMonitor],
+        providers: Mapping[str, ReplicaProvider],
+        autoscalers: Mapping[str, AutoscalerLoop],
+    ) -> None:
+        self.config = config
+        self.server = server
+        self.fleet = fleet
+        self.proxy = proxy
+        self.ops = ops
+        self.admission = admission
+        self.monitors = monitors
+        self.providers = providers
+        self.autoscalers = autoscalers
+
+    @property
+    def app(self) -> web.Application:
+        return self.server.app
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def start(self, port: int | None = None) -> str:
+        """Listen and start every service (scrapers, probers, autoscaler loops); returns the URL."""
+        return await self.server.start(port)
+
+    async def stop(self, grace_s: float | None = None) -> bool:
+        """Drain and stop (see ``GatewayServer.stop``); True when every in-flight request finished."""
+        return await self.server.stop(grace_s)
+
+
 def build_gateway(
     cfg: FleetgateConfig,
     *,
@@ -93,10 +152,21 @@ def build_gateway(
     rng: RandomSource | None = None,
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
+    health: bool = False,
+    providers: Mapping[str, ProviderFactory] | None = None,
+    autoscalers: Mapping[str, ReportingAutoscaler] | None = None,
+    autoscale_interval_s: float = 1.0,
     observers: Sequence[LifecycleObserver] = (),
-) -> GatewayServer:
-    """Every gateway object, wired: fleet, upstream client, metrics, admission, proxy, app, scraper.
-    ``observers`` see every request's dispatch, first token and completion (``core.lifecycle``)."""
+) -> Gateway:
+    """Every gateway object, wired: fleet, upstream client, metrics, admission, health monitors, replica
+    providers, autoscaler loops, ops, proxy, app, scraper.
+
+    ``health``: black-box health checking of every deployment (``serve`` and ``up`` pass
+    ``gateway.health_checks``). ``providers[model]`` builds the replica provider of a deployment whose
+    replicas the gateway manages (``up``: local processes); with health on, it also restarts that
+    deployment's hung or crashed replicas. ``autoscalers[model]`` scales such a deployment through it.
+    ``observers`` see every request's dispatch, first token and completion (``core.lifecycle``).
+    """
     gw = cfg.gateway
     rng = rng if rng is not None else random.Random()
     history = SortedOutputHistory()  # one per fleet: a tenant's output lengths, whichever model served them
@@ -104,10 +174,54 @@ def build_gateway(
     client = UpstreamClient(connect_timeout_s=gw.connect_timeout_s)
     metrics = GatewayMetrics(fleet)
     gate = admission if admission is not None else build_admission(cfg, metrics.registry)
-    use_live = getattr(gate, "use_replica_capacity", None)
-    if callable(use_live):  # best-effort follows the live fleet: health, scaling, the engines' own queues
-        use_live(lambda m: fleet.deployments[m].snapshots() if m in fleet.deployments else None)
+    # best-effort follows the live fleet: health, scaling, the engines' own queues
+    gate.use_replica_capacity(lambda m: fleet.deployments[m].snapshots() if m in fleet.deployments else None)
     images = build_images(cfg)
+
+    # Built in dependency order; ``monitors`` is filled below, before anything runs (the scraper's observer
+    # and the providers' change callbacks read it only once the gateway has started).
+    monitors: dict[str, HealthMonitor] = {}
+
+    def learner_for(model: str) -> EngineRateLearner | None:
+        deployment = fleet.deployments.get(model)
+        return None if deployment is None else deployment.rates
+
+    rates = EngineRateListener(learner_for, clock, EngineRateMetrics(metrics.registry))
+    scraper = MetricsScraper(
+        client,
+        interval_s=gw.scrape_interval_s,
+        timeout_s=gw.scrape_timeout_s,
+        rng=rng,
+        observers=[rates, _progress_observer(monitors)] if health else [rates],
+    )
+
+    def sync(model: str, infos: Sequence[ReplicaInfo]) -> None:
+        """A provider's new replica list -> the deployment, its health monitor and the scrapers."""
+        deployment = fleet.get(model)
+        sync_deployment(deployment, infos, monitors.get(model))
+        scraper.sync(replica for _, replica in fleet.replicas())
+
+    built: dict[str, ReplicaProvider] = {}
+    for model, factory in (providers or {}).items():
+        deployment = fleet.get(model)
+
+        async def drain(name: str, timeout_s: float, deployment: Deployment = deployment) -> None:
+            await drain_replica(deployment, name, timeout_s)
+
+        def changed(infos: Sequence[ReplicaInfo], model: str = model) -> None:
+            sync(model, infos)
+
+        built[model] = factory(changed, drain)
+    if health:
+        monitors.update(_health_monitors(fleet, metrics.registry, built))
+
+    loops = {
+        model: _autoscaler_loop(
+            fleet.get(model), built[model], autoscaler, metrics, clock, autoscale_interval_s
+        )
+        for model, autoscaler in (autoscalers or {}).items()
+    }
+    ops = Ops(cfg.ops, fleet=fleet, admission=gate, clock=clock, autoscalers=loops)
     proxy = Proxy(
         config=gw,
         fleet=fleet,
@@ -117,6 +231,8 @@ def build_gateway(
         rng=rng,
         clock=clock,
         images=images,
+        listeners=[_result_observer(monitors)] if health else (),
+        slo=ops,  # SLO window + access log
     )
     app = create_app(
         proxy=proxy,
@@ -135,22 +251,27 @@ def build_gateway(
 
         if isinstance(gate, AdmissionService):
             add_admin_routes(app, gate)  # /admin/tenants, /admin/usage, /admin/capacity
-    scraper = MetricsScraper(client, interval_s=gw.scrape_interval_s, timeout_s=gw.scrape_timeout_s, rng=rng)
-
-    def learner_for(model: str) -> EngineRateLearner | None:
-        deployment = fleet.deployments.get(model)
-        return None if deployment is None else deployment.rates
-
-    scraper.add_listener(EngineRateListener(learner_for, clock, EngineRateMetrics(metrics.registry)))
+    ops.install(app, metrics.registry)  # SLO gauges, /admin/status, /ui, request ids in log lines
     server = GatewayServer(config=gw, app=app, proxy=proxy, fleet=fleet, client=client, scraper=scraper)
     secrets = SecretFiles(cfg, _KeyTargets(gate, fleet))
     if secrets:  # key files (mounted Secrets): read now, then re-read while running
         secrets.refresh(strict=True)
         server.add_loop("secret-files", secrets.run)
-    from fleetgate.ops.web import attach_ops
-
-    attach_ops(server, cfg.ops)  # SLO window + gauges, /admin/status, /ui, request ids in log lines
-    return server
+    for model, monitor in monitors.items():
+        server.add_service(f"health-{model}", monitor.start, monitor.stop)
+    for model, loop in loops.items():
+        server.add_service(f"autoscaler-{model}", loop.start, loop.stop)
+    return Gateway(
+        config=cfg,
+        server=server,
+        fleet=fleet,
+        proxy=proxy,
+        ops=ops,
+        admission=gate,
+        monitors=monitors,
+        providers=built,
+        autoscalers=loops,
+    )
 
 
 class _KeyTargets(KeySink):
@@ -172,151 +293,89 @@ class _KeyTargets(KeySink):
         self._fleet.deployments[model].upstream_headers["Authorization"] = f"Bearer {key}"
 
 
-def attach_health(server: GatewayServer, remediators: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Black-box health checking per deployment (``fleetgate.health.HealthMonitor``), wired both ways.
+def _health_monitors(
+    fleet: Fleet, registry: CollectorRegistry, remediators: Mapping[str, Remediator]
+) -> dict[str, HealthMonitor]:
+    """Black-box health checking per deployment (``fleetgate.health.HealthMonitor``).
 
-    Evidence in: every finished request (proxy listener) and every scraped generated-token counter.
-    Verdicts out: each transition sets the replica's ``health`` (unhealthy replicas leave routing at once)
-    and, where ``remediators[model]`` is given (a replica provider), restarts the replica. Replicas start
+    Verdicts out: each transition sets the replica's ``health`` (unhealthy replicas leave routing at once);
+    deployments in ``remediators`` have their provider restart hung or crashed replicas. Replicas start
     healthy: they were ready when handed to the gateway.
     """
-    from fleetgate.core.health import HealthPolicy
-    from fleetgate.core.types import HealthState
-    from fleetgate.health.monitor import HealthMonitor
-
     monitors: dict[str, HealthMonitor] = {}
-    families = _HealthFamilies(server.proxy.metrics.registry)  # one set of series, labelled by deployment
-    for model, deployment in server.fleet.deployments.items():
-        remediator = (remediators or {}).get(model)
+    families = HealthFamilies(registry)  # one set of series, labelled by deployment
+    for model, deployment in fleet.deployments.items():
         monitor = HealthMonitor(
             model=deployment.upstream_model,
             dialect=dialect(deployment.config.engine),
             engine_priority=deployment.config.engine_priority,
-            policy=HealthPolicy(remediate=remediator is not None),
-            remediator=remediator,
+            policy=HealthPolicy(remediate=model in remediators),
+            remediator=remediators.get(model),
             initial_state=HealthState.HEALTHY,
             metrics=families.for_deployment(model),
         )
         monitor.set_replicas({name: r.url for name, r in deployment.replicas.items()})
 
-        def apply(transition: Any, deployment: Deployment = deployment) -> None:
+        def apply(transition: Transition, deployment: Deployment = deployment) -> None:
             replica = deployment.replicas.get(transition.replica)
             if replica is not None:
                 replica.health = transition.new
 
         monitor.add_listener(apply)
         monitors[model] = monitor
-        server.add_service(f"health-{model}", monitor.start, monitor.stop)
+    return monitors
+
+
+def _result_observer(monitors: Mapping[str, HealthMonitor]) -> ResultListener:
+    """Evidence in from the proxy: every finished request attempt."""
 
     def on_result(model: str, replica: str, ok: bool, now: float) -> None:
         monitor = monitors.get(model)
         if monitor is not None:
             monitor.observe_request(replica, ok)
 
-    def on_scrape(target: Any, signals: EngineSignals | None) -> None:
-        monitor = monitors.get(getattr(target, "deployment", ""))
+    return on_result
+
+
+def _progress_observer(monitors: Mapping[str, HealthMonitor]) -> ScrapeObserver:
+    """Evidence in from the scraper: every scraped generated-token counter."""
+
+    def on_scrape(target: ScrapeTarget, signals: EngineSignals | None) -> None:
+        monitor = monitors.get(target.deployment)
         if monitor is not None and signals is not None and signals.generation_tokens is not None:
             monitor.observe_progress(target.name, signals.generation_tokens)
 
-    server.proxy.listeners.append(on_result)
-    if server.scraper is not None:
-        server.scraper.add_listener(on_scrape)
-    server.extras["health"] = monitors
-    return monitors
+    return on_scrape
 
 
-class _DeploymentLabelled:
-    """A metric family seen with its ``deployment`` label already set (``labels``/``remove`` as usual)."""
-
-    def __init__(self, family: Any, deployment: str) -> None:
-        self._family = family
-        self._deployment = deployment
-
-    def labels(self, *values: str, **labels: str) -> Any:
-        if values:
-            return self._family.labels(self._deployment, *values)
-        return self._family.labels(deployment=self._deployment, **labels)
-
-    def remove(self, *values: str) -> None:
-        self._family.remove(self._deployment, *values)
-
-
-class _HealthFamilies:
-    """The health series (``fleetgate.health.monitor.HealthMetrics``) with a leading ``deployment`` label,
-    shared by the monitors of all deployments (replica names may repeat across deployments)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
-
-        from fleetgate.health.monitor import _PROBE_BUCKETS
-
-        self.probe_latency = Histogram(
-            "fleetgate_health_probe_latency_seconds",
-            "Latency of health probes (a 1-token request), by outcome.",
-            ["deployment", "replica", "outcome"],
-            buckets=_PROBE_BUCKETS,
-            registry=registry,
-        )
-        self.transitions = Counter(
-            "fleetgate_health_transitions_total",
-            "Replica health state transitions, by reason kind.",
-            ["deployment", "replica", "from_state", "to_state", "reason"],
-            registry=registry,
-        )
-        self.remediations = Counter(
-            "fleetgate_health_remediations_total",
-            "Remediations (restarts / pod deletions) started, by reason kind and result.",
-            ["deployment", "replica", "action", "reason", "result"],
-            registry=registry,
-        )
-        self.state = Gauge(
-            "fleetgate_health_state",
-            "1 for the replica's current health state, 0 for the others.",
-            ["deployment", "replica", "state"],
-            registry=registry,
-        )
-
-    def for_deployment(self, deployment: str) -> Any:
-        from fleetgate.health.monitor import HealthMetrics
-
-        view = HealthMetrics.__new__(HealthMetrics)  # its methods, these series
-        view.probe_latency = _DeploymentLabelled(self.probe_latency, deployment)  # type: ignore[assignment]
-        view.transitions = _DeploymentLabelled(self.transitions, deployment)  # type: ignore[assignment]
-        view.remediations = _DeploymentLabelled(self.remediations, deployment)  # type: ignore[assignment]
-        view.state = _DeploymentLabelled(self.state, deployment)  # type: ignore[assignment]
-        return view
-
-
-def attach_autoscaler(
-    server: GatewayServer, model: str, provider: Any, autoscaler: Any, *, interval_s: float = 1.0
-) -> Any:
-    """Autoscale ``model`` through ``provider`` (``fleetgate.autoscaler.AutoscalerLoop``): the deployment's
-    lifecycle feeds the loop its ``DemandMeter`` (MU started / settled); ``autoscaler`` comes from
-    ``core.autoscale.build_autoscaler(name, params)``. Returns the loop."""
-    from fleetgate.autoscaler import AutoscalerLoop, provider_counts
-
-    deployment = server.fleet.get(model)
-    meter = deployment.lifecycle.demand  # started and settled by the deployment's request lifecycle
-    assert meter is not None
+def _autoscaler_loop(
+    deployment: Deployment,
+    provider: ReplicaProvider,
+    autoscaler: ReportingAutoscaler,
+    metrics: GatewayMetrics,
+    clock: Callable[[], float],
+    interval_s: float,
+) -> AutoscalerLoop:
+    """Autoscale ``deployment`` through ``provider`` (``fleetgate.autoscaler.AutoscalerLoop``); the
+    deployment's lifecycle feeds its ``DemandMeter`` (MU started / settled)."""
+    meter = deployment.lifecycle.demand
+    assert meter is not None  # every gateway deployment's lifecycle has one
 
     def routable(name: str) -> bool:
         replica = deployment.replicas.get(name)
         return replica is not None and replica.snapshot().routable
 
-    loop = AutoscalerLoop(
-        deployment=model,
+    return AutoscalerLoop(
+        deployment=deployment.model,
         autoscaler=autoscaler,
         meter=meter,
         counts=provider_counts(provider, routable),
         target=provider,
         capacity_mu_per_min=deployment.config.capacity_mu_per_min,
-        registry=server.proxy.metrics.registry,
+        registry=metrics.registry,
         interval_s=interval_s,
-        clock=server.proxy.clock,
+        clock=clock,
     )
-    server.add_service(f"autoscaler-{model}", loop.start, loop.stop)
-    server.extras.setdefault("autoscalers", {})[model] = loop
-    return loop
 
 
 async def drain_replica(deployment: Deployment, name: str, timeout_s: float) -> None:
@@ -341,8 +400,11 @@ async def drain_replica(deployment: Deployment, name: str, timeout_s: float) -> 
         log.warning("replica %s still has %d request(s) after draining %.0f s", name, left, timeout_s)
 
 
-def sync_deployment(server: GatewayServer, deployment: Deployment, infos: Sequence[ReplicaInfo]) -> None:
-    """Make the deployment's replicas match a provider's list (add, re-point, remove), then the scrapers."""
+def sync_deployment(
+    deployment: Deployment, infos: Sequence[ReplicaInfo], monitor: HealthMonitor | None = None
+) -> None:
+    """Make the deployment's replicas (and its health monitor's) match a provider's list: add, re-point,
+    remove."""
     wanted = {info.name: info for info in infos}
     for name in list(deployment.replicas):
         if name not in wanted:
@@ -350,10 +412,8 @@ def sync_deployment(server: GatewayServer, deployment: Deployment, infos: Sequen
     for info in infos:
         state = deployment.add_replica(info.name, info.url)
         state.draining = False
-    monitor = server.extras.get("health", {}).get(deployment.model)
     if monitor is not None:
         monitor.set_replicas({name: r.url for name, r in deployment.replicas.items()})
-    server.sync_replicas()
 
 
 # -- process entry points ---------------------------------------------------------------------------------
@@ -398,10 +458,9 @@ async def _listen(server: GatewayServer, port: int | None) -> str:
 
 async def serve(cfg: FleetgateConfig) -> None:
     """Run the gateway until SIGTERM/SIGINT, then drain and stop."""
-    server = build_gateway(cfg)
-    if cfg.gateway.health_checks:
-        attach_health(server)  # static replicas: detection and routing only, no restarts
-    url = await _listen(server, None)
+    # static replicas: health detection and routing only, no restarts
+    server = build_gateway(cfg, health=cfg.gateway.health_checks)
+    url = await _listen(server.server, None)
     print(f"fleetgate ready on {url}", flush=True)
     sig = await _wait_for_signal()
     log.info("signal %d: draining (grace %.0f s)", sig, cfg.gateway.shutdown_grace_s)
@@ -416,8 +475,9 @@ def run_serve(cfg: FleetgateConfig) -> None:
     _run(serve(cfg))
 
 
-def _up_config(cfg: FleetgateConfig, model: str, infos: Sequence[ReplicaInfo]) -> FleetgateConfig:
-    """The config with ``model``'s deployment served by the local replicas (its other settings kept)."""
+def _up_config(cfg: FleetgateConfig, model: str, infos: Sequence[ReplicaInfo] = ()) -> FleetgateConfig:
+    """The config with ``model``'s deployment served by local replicas (its other settings kept); the
+    provider adds them as they start (``infos``: ones already known)."""
     replicas = [ReplicaConfig(name=i.name, url=i.url) for i in infos]
     update: dict[str, Any] = {"replicas": replicas}
     existing = cfg.deployment(model)
@@ -437,40 +497,36 @@ async def up(cfg: FleetgateConfig, *, replicas: int, port: int, model: str) -> N
     """The embedded default: ``replicas`` local simulated engines plus the gateway, until a signal."""
     local = cfg.local
     command = local.command if local.command is not None else sim_engine_command(local.engine_args)
-    holder: dict[str, Any] = {}
+    existing = cfg.deployment(model)
+    engine = dialect("sim" if local.command is None else existing.engine if existing is not None else None)
 
-    async def drain_hook(name: str, timeout_s: float) -> None:
-        if "deployment" in holder:
-            await drain_replica(holder["deployment"], name, timeout_s)
+    def local_replicas(on_change: ChangeListener, drain_hook: DrainHook) -> LocalProcessProvider:
+        return LocalProcessProvider(
+            model=model,
+            command=command,
+            url_from_output=local.command is None,
+            ready_timeout_s=local.ready_timeout_s,
+            stop_timeout_s=local.stop_timeout_s,
+            health_path=engine.health_path,
+            on_change=on_change,
+            drain_hook=drain_hook,
+        )
 
-    def on_change(infos: Sequence[ReplicaInfo]) -> None:
-        if "server" in holder:
-            sync_deployment(holder["server"], holder["deployment"], infos)
-
-    provider = LocalProcessProvider(
-        model=model,
-        command=command,
-        url_from_output=local.command is None,
-        ready_timeout_s=local.ready_timeout_s,
-        stop_timeout_s=local.stop_timeout_s,
-        on_change=on_change,
-        drain_hook=drain_hook,
+    full = _up_config(cfg, model)
+    gateway = build_gateway(
+        full,
+        health=full.gateway.health_checks,  # local replicas: hung or crashed ones are restarted
+        providers={model: local_replicas},
+        autoscalers={model: autoscaler_from(local.autoscaler)} if local.autoscaler is not None else None,
     )
-    server: GatewayServer | None = None
+    provider = gateway.providers[model]
+    started = False
     try:
-        infos = await provider.scale_to(replicas)
+        infos = await provider.scale_to(replicas)  # each change re-syncs the deployment
         for info in infos:
             print(f"replica {info.name} {info.url}", flush=True)
-        full = _up_config(cfg, model, infos)
-        server = build_gateway(full)
-        holder.update(server=server, deployment=server.fleet.get(model), provider=provider)
-        if full.gateway.health_checks:
-            attach_health(server, {model: provider})  # local replicas: hung or crashed ones are restarted
-        if local.autoscaler is not None:
-            from fleetgate.core.autoscale import autoscaler_from
-
-            attach_autoscaler(server, model, provider, autoscaler_from(local.autoscaler))
-        url = await _listen(server, port)
+        url = await _listen(gateway.server, port)
+        started = True
         print(f"fleetgate ready on {url}", flush=True)
         print(
             f"try: curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
@@ -480,9 +536,10 @@ async def up(cfg: FleetgateConfig, *, replicas: int, port: int, model: str) -> N
         sig = await _wait_for_signal()
         log.info("signal %d: stopping gateway and %d replica(s)", sig, len(infos))
     finally:
-        if server is not None:
-            await server.stop()
-        await provider.stop_all()
+        if started:
+            await gateway.stop()
+        if isinstance(provider, LocalProcessProvider):
+            await provider.stop_all()
 
 
 def run_up(

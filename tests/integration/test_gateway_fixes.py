@@ -17,7 +17,7 @@ from fleetgate.config import DeploymentConfig, FleetgateConfig, GatewayConfig, l
 from fleetgate.core.units import DEFAULT_PROFILE, load_profile
 from fleetgate.gateway.fleet import build_deployment
 from fleetgate.providers.base import ReplicaInfo
-from fleetgate.runtime import SIM_COST_PROFILE, _up_config, attach_health, build_gateway
+from fleetgate.runtime import SIM_COST_PROFILE, _up_config, build_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "fix-model"
@@ -224,8 +224,8 @@ def test_health_series_carry_a_deployment_label() -> None:
             ],
         }
     )
-    server = build_gateway(cfg)
-    monitors = attach_health(server)
+    server = build_gateway(cfg, health=True)
+    monitors = server.monitors
     assert set(monitors) == {"a", "b"}
     registry = server.proxy.metrics.registry
     for model in ("a", "b"):

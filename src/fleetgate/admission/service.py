@@ -54,6 +54,7 @@ from fleetgate.core.admission import (
 from fleetgate.core.capacity import CapacityLedger, capacity_of
 from fleetgate.core.errors import FleetgateError, RateLimitError, ServiceUnavailableError
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage
+from fleetgate.gateway.admission import AdmissionHooks, TenantSummary
 from fleetgate.gateway.ratelimit import decision_headers
 from fleetgate.stores import AdmissionStore, StoreUnavailableError, build_store
 
@@ -108,7 +109,7 @@ class Ticket:
 FAILOVER_TENANT = "(failover)"
 
 
-class AdmissionService:
+class AdmissionService(AdmissionHooks):
     """Tenants, limits, a bounded priority queue and a (possibly shared) state store."""
 
     def __init__(
@@ -218,6 +219,22 @@ class AdmissionService:
     def authenticate(self, authorization_header: str | None) -> Tenant:
         """``Authorization: Bearer <key>`` -> tenant; raises AuthenticationError (401)."""
         return self.directory.authenticate(authorization_header)
+
+    @property
+    def open(self) -> bool:
+        return self.directory.open
+
+    def is_admin(self, caller: Any) -> bool:
+        return isinstance(caller, Tenant) and caller.admin
+
+    def tenant_summaries(self) -> list[TenantSummary]:
+        return [
+            TenantSummary(name, str(t.limits.priority), dict(t.limits.reserved_mu_per_min))
+            for name, t in self.directory.tenants().items()
+        ]
+
+    def queue_length(self) -> int | None:
+        return len(self.core.queue)
 
     def use_replica_capacity(self, snapshots_of: Callable[[str], Iterable[ReplicaSnapshot] | None]) -> None:
         """Take each deployment's capacity live from its replicas (routable ones' ``capacity_mu_per_min``),
@@ -542,7 +559,7 @@ class AdmissionService:
             ledger = self._ledgers[model] = CapacityLedger(model, window_s=60.0)
         return ledger
 
-    def capacity_overview(self) -> list[dict[str, Any]]:
+    def capacity_overview(self) -> list[dict[str, Any]] | None:
         """Capacity, sold, used and headroom (MU/min) per deployment known to admission.
 
         ``used`` is what this gateway settled over the ledger's window (exact sums of the settled costs);

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Protocol
 
 
@@ -33,12 +34,14 @@ class Priority(StrEnum):
     BEST_EFFORT = "best_effort"
 
 
-PRIORITY_ORDER: Mapping[Priority, int] = {
-    Priority.PROBE: 0,
-    Priority.INTERACTIVE: 1,
-    Priority.BATCH: 2,
-    Priority.BEST_EFFORT: 3,
-}
+PRIORITY_ORDER: Mapping[Priority, int] = MappingProxyType(
+    {
+        Priority.PROBE: 0,
+        Priority.INTERACTIVE: 1,
+        Priority.BATCH: 2,
+        Priority.BEST_EFFORT: 3,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

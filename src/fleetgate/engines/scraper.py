@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from fleetgate.core.errors import UpstreamError
@@ -54,14 +54,15 @@ async def scrape_once(client: UpstreamClient, target: ScrapeTarget, timeout_s: f
     return signals
 
 
-ScrapeListener = Callable[[ScrapeTarget, EngineSignals | None], None]
+#: Called with each target and its new signals (``None``: the scrape failed).
+ScrapeObserver = Callable[[ScrapeTarget, EngineSignals | None], None]
 
 
 class MetricsScraper:
     """Runs one scrape loop per target; ``sync(targets)`` reconciles the set of loops.
 
-    Listeners (``on_scrape`` and any added with ``add_listener``: the health monitor's progress evidence,
-    the engine-rate learner's counters) see every scrape's result, ``None`` when it failed.
+    Observers, given at construction (the health monitor's progress evidence, the engine-rate learner's
+    counters), see every scrape's result, ``None`` when it failed.
     """
 
     def __init__(
@@ -71,17 +72,14 @@ class MetricsScraper:
         interval_s: float = 1.0,
         timeout_s: float = 1.0,
         rng: RandomSource | None = None,
-        on_scrape: ScrapeListener | None = None,
+        observers: Sequence[ScrapeObserver] = (),
     ) -> None:
         self.client = client
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.rng = rng
-        self.listeners: list[ScrapeListener] = [] if on_scrape is None else [on_scrape]
+        self.observers = tuple(observers)
         self._tasks: dict[int, tuple[ScrapeTarget, asyncio.Task[None]]] = {}
-
-    def add_listener(self, listener: ScrapeListener) -> None:
-        self.listeners.append(listener)
 
     def sync(self, targets: Iterable[ScrapeTarget]) -> None:
         """Start loops for new targets and stop loops for targets no longer listed."""
@@ -101,8 +99,8 @@ class MetricsScraper:
         while True:
             try:
                 signals = await scrape_once(self.client, target, self.timeout_s)
-                for listener in self.listeners:
-                    listener(target, signals)
+                for observe in self.observers:
+                    observe(target, signals)
             except Exception:  # a bug in one scrape must not kill the loop
                 log.exception("scrape loop for %s", target.name)
             await asyncio.sleep(self.interval_s)

@@ -8,18 +8,46 @@ A ticket may carry ``headers`` (e.g. ``x-ratelimit-*``) that the gateway adds to
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fleetgate.core.types import Priority, RequestInfo, Usage
+from fleetgate.core.types import Priority, ReplicaSnapshot, RequestInfo, Usage
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSummary:
+    """A tenant as the status page shows it."""
+
+    name: str
+    priority: str
+    reserved_mu_per_min: Mapping[str, float] = field(default_factory=dict)
 
 
 class Admission(Protocol):
     """What the gateway needs from admission control. A ticket returned by ``admit`` must be passed to
-    exactly one of ``settle`` (the request ran; charge its real cost) or ``release`` (it never ran)."""
+    exactly one of ``settle`` (the request ran; charge its real cost) or ``release`` (it never ran).
+
+    The optional hooks below have no-op defaults in :class:`AdmissionHooks` (inherit it)."""
 
     def authenticate(self, authorization_header: str | None) -> Any: ...
+
+    @property
+    def open(self) -> bool:
+        """No tenants and no admin keys are configured: no key exists, nothing needs one."""
+        ...
+
+    def is_admin(self, caller: Any) -> bool: ...
+
+    def tenant_summaries(self) -> list[TenantSummary]: ...
+
+    def queue_length(self) -> int | None: ...
+
+    def capacity_overview(self) -> list[dict[str, Any]] | None: ...
+
+    def use_replica_capacity(
+        self, snapshots_of: Callable[[str], Iterable[ReplicaSnapshot] | None]
+    ) -> None: ...
 
     async def admit(self, tenant: Any, request: RequestInfo, now: float) -> Any: ...
 
@@ -39,7 +67,33 @@ class AnonymousTenant:
     priority: Priority = Priority.INTERACTIVE
 
 
-class OpenAdmission:
+class AdmissionHooks:
+    """No-op defaults of the optional ``Admission`` hooks (status page, admin check, live capacity)."""
+
+    @property
+    def open(self) -> bool:
+        return True
+
+    def is_admin(self, caller: Any) -> bool:
+        return False
+
+    def tenant_summaries(self) -> list[TenantSummary]:
+        return []
+
+    def queue_length(self) -> int | None:
+        """Requests waiting for admission (``None``: this admission has no queue)."""
+        return None
+
+    def capacity_overview(self) -> list[dict[str, Any]] | None:
+        """Capacity, sold and used MU per deployment (``None``: not tracked)."""
+        return None
+
+    def use_replica_capacity(self, snapshots_of: Callable[[str], Iterable[ReplicaSnapshot] | None]) -> None:
+        """Take each deployment's capacity live from its replicas (no-op: capacity is not tracked)."""
+        return None
+
+
+class OpenAdmission(AdmissionHooks):
     """No tenants, no limits: the embedded default."""
 
     def __init__(self) -> None:

@@ -24,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 import orjson
@@ -91,6 +91,27 @@ ENGINE_PRIORITY: Mapping[Priority, int] = LOW_FIRST
 ResultListener = Callable[[str, str, bool, float], None]
 
 
+class RequestObserver(Protocol):
+    """Told about every finished request (``fleetgate.ops.web.Ops``: SLO window and access log)."""
+
+    def observe(
+        self,
+        *,
+        request_id: str,
+        tenant: str,
+        deployment: str,
+        replica: str,
+        endpoint: str,
+        status: int,
+        start: float,
+        end: float,
+        ttft_s: float | None = None,
+        output_tokens: int | None = None,
+        mu: float | None = None,
+        error_kind: str | None = None,
+    ) -> None: ...
+
+
 @dataclass(slots=True)
 class _Call:
     """What one client request did, for metrics and settlement."""
@@ -132,6 +153,8 @@ class Proxy:
         rng: RandomSource,
         clock: Callable[[], float],
         images: ImagePipeline | None = None,
+        listeners: Sequence[ResultListener] = (),
+        slo: RequestObserver | None = None,
     ) -> None:
         self.config = config
         self.images = images  # multimodal preprocessing; only image requests touch it
@@ -143,9 +166,9 @@ class Proxy:
         self._instant_settle = type(admission) is OpenAdmission
         self.rng = rng
         self.clock = clock
-        self.listeners: list[ResultListener] = []
+        self.listeners: tuple[ResultListener, ...] = tuple(listeners)
         #: ``fleetgate.ops.web.Ops`` (SLO window + access log), told about every finished request
-        self.slo: Any = None
+        self.slo = slo
         self.shutting_down = False
         self.active = 0
         self._idle = asyncio.Event()

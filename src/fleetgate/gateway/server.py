@@ -56,8 +56,6 @@ class GatewayServer:
         self._loops: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._services: list[tuple[str, Callable[[], Awaitable[Any]], Callable[[], Awaitable[Any]]]] = []
-        #: control-plane objects attached by the composition root (e.g. ``"health"`` -> monitors by model)
-        self.extras: dict[str, Any] = {}
 
     def add_service(
         self, name: str, start: Callable[[], Awaitable[Any]], stop: Callable[[], Awaitable[Any]]

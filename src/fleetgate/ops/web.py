@@ -1,7 +1,8 @@
 """The gateway's operations surface: SLO observation hook, ``GET /admin/status`` and the ``/ui`` page.
 
-Wiring (``attach_ops``, called by the composition root): the proxy calls ``Ops.observe`` once per finished
-request; the SLO gauges join the gateway's Prometheus registry; the routes join the gateway app.
+Wiring (the composition root, ``runtime.build_gateway``): ``Ops`` is built with what it reports on (fleet,
+admission, autoscaler loops) and handed to the proxy, which calls ``Ops.observe`` once per finished request;
+``Ops.install`` adds the SLO gauges to the gateway's Prometheus registry and the routes to its app.
 
 Access: ``/admin/status`` needs the admin key (``Authorization: Bearer <admin key>``); in open mode (no
 tenants and no admin keys configured, so no key exists at all) it is open like everything else. ``/ui`` is a
@@ -14,12 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from fleetgate.config import OpsConfig
 from fleetgate.core.errors import PermissionDeniedError
@@ -27,6 +29,11 @@ from fleetgate.ops.logging import request_context_middleware
 from fleetgate.ops.metrics import SloCollector
 from fleetgate.ops.slo import SloTracker, classify
 from fleetgate.ops.status import TenantInfo, build_status
+
+if TYPE_CHECKING:
+    from fleetgate.autoscaler.loop import AutoscalerLoop
+    from fleetgate.gateway.admission import Admission
+    from fleetgate.gateway.fleet import Fleet
 
 access_log = logging.getLogger("fleetgate.access")
 
@@ -47,18 +54,21 @@ def _load_static() -> dict[str, tuple[bytes, str]]:
 
 
 class Ops:
-    """SLO window, status document and routes of one gateway. ``server`` is read lazily (its ``extras``
-    gain health monitors and autoscaler loops after the gateway is built)."""
+    """SLO window, status document and routes of one gateway, built with everything it reports on."""
 
     def __init__(
         self,
-        server: Any,
         config: OpsConfig | None = None,
         *,
-        clock: Callable[[], float] | None = None,
+        fleet: Fleet,
+        admission: Admission,
+        clock: Callable[[], float],
+        autoscalers: Mapping[str, AutoscalerLoop] | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self.server = server
+        self.fleet = fleet
+        self.admission = admission
+        self.autoscalers: Mapping[str, AutoscalerLoop] = dict(autoscalers or {})
         self.config = config or OpsConfig()
         slo = self.config.slo
         self.tracker = SloTracker(
@@ -67,7 +77,7 @@ class Ops:
             tenant_ttft_target_s=dict(slo.tenant_ttft_target_s),
             max_samples=slo.max_samples,
         )
-        self.clock: Callable[[], float] = clock or server.proxy.clock
+        self.clock = clock
         self.tracker.started_s = self.clock()
         self.wall_clock = wall_clock
         self._static = _load_static() if self.config.ui else {}
@@ -120,20 +130,10 @@ class Ops:
     # -- data ---------------------------------------------------------------------------------------------
 
     def tenants(self) -> list[TenantInfo]:
-        directory = getattr(self.server.proxy.admission, "directory", None)
-        if directory is None:
-            return []
-        out = []
-        for name, tenant in directory.tenants().items():
-            limits = tenant.limits
-            out.append(
-                TenantInfo(
-                    name=name,
-                    priority=str(limits.priority),
-                    reserved_mu_per_min=dict(limits.reserved_mu_per_min),
-                )
-            )
-        return out
+        return [
+            TenantInfo(name=t.name, priority=t.priority, reserved_mu_per_min=dict(t.reserved_mu_per_min))
+            for t in self.admission.tenant_summaries()
+        ]
 
     def reservations(self) -> dict[str, dict[str, float]]:
         return {t.name: dict(t.reserved_mu_per_min or {}) for t in self.tenants()}
@@ -149,21 +149,20 @@ class Ops:
         return doc
 
     def _build_status(self) -> dict[str, Any]:
-        admission = self.server.proxy.admission
         info: dict[str, Any] | None = None
-        core = getattr(admission, "core", None)
-        if core is not None:
-            info = {"queue_depth": len(core.queue)}
-            overview = getattr(admission, "capacity_overview", None)
-            if callable(overview):
-                info["deployments"] = overview()
+        depth = self.admission.queue_length()
+        if depth is not None:
+            info = {"queue_depth": depth}
+            overview = self.admission.capacity_overview()
+            if overview is not None:
+                info["deployments"] = overview
         return build_status(
             now=self.clock(),
             wall_time=self.wall_clock(),
-            fleet=self.server.fleet,
+            fleet=self.fleet,
             tracker=self.tracker,
             tenants=self.tenants(),
-            autoscalers=self.server.extras.get("autoscalers", {}),
+            autoscalers=self.autoscalers,
             admission=info,
         )
 
@@ -171,12 +170,11 @@ class Ops:
 
     def authorize(self, request: web.Request) -> None:
         """Admin key only (raises 401/403 as OpenAI-style errors); open when no key is configured at all."""
-        admission = self.server.proxy.admission
-        directory = getattr(admission, "directory", None)
-        if directory is None or getattr(directory, "open", False):
+        admission = self.admission
+        if admission.open:
             return  # open mode: no tenants, no admin keys
         caller = admission.authenticate(request.headers.get("Authorization"))
-        if not getattr(caller, "admin", False):
+        if not admission.is_admin(caller):
             raise PermissionDeniedError("This endpoint needs the admin API key.", code="admin_only")
 
     async def handle_status(self, request: web.Request) -> web.Response:
@@ -213,17 +211,11 @@ class Ops:
             app.router.add_get("/ui/", self.handle_ui)
             app.router.add_get("/ui/{name}", self.handle_static)
 
-
-def attach_ops(server: Any, config: OpsConfig | None = None) -> Ops:
-    """Wire operations into a built (not yet started) ``GatewayServer``: observation hook, SLO gauges on its
-    registry, request ids in log lines, ``/admin/status`` and ``/ui``. Returns the ``Ops`` object."""
-    ops = Ops(server, config)
-    cfg = ops.config
-    server.proxy.slo = ops
-    SloCollector(ops.tracker, ops.clock, ops.reservations, max_tenants=cfg.slo.max_tenant_labels).register(
-        server.proxy.metrics.registry
-    )
-    server.app.middlewares.append(request_context_middleware)
-    ops.add_routes(server.app)
-    server.extras["ops"] = ops
-    return ops
+    def install(self, app: web.Application, registry: CollectorRegistry) -> None:
+        """SLO gauges on ``registry``, request ids in log lines, ``/admin/status`` and ``/ui`` on ``app``
+        (called once, by the composition root, before the app starts)."""
+        SloCollector(
+            self.tracker, self.clock, self.reservations, max_tenants=self.config.slo.max_tenant_labels
+        ).register(registry)
+        app.middlewares.append(request_context_middleware)
+        self.add_routes(app)

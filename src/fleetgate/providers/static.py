@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
-from fleetgate.config import ReplicaConfig
 from fleetgate.providers.base import DrainHook, ProviderError, ReplicaInfo, ReplicaList, ReplicaStatus
+
+
+class StaticReplica(Protocol):
+    """A configured replica (``config.ReplicaConfig`` fits): providers never import the config module."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
 
 
 class StaticProvider:
     """Replicas someone else runs. ``scale_to`` can only confirm the current size; ``restart`` is refused."""
 
-    def __init__(self, replicas: Sequence[ReplicaConfig], drain_hook: DrainHook | None = None) -> None:
+    def __init__(self, replicas: Sequence[StaticReplica], drain_hook: DrainHook | None = None) -> None:
         self._replicas = {r.name: ReplicaInfo(r.name, r.url) for r in replicas}
         self._drain_hook = drain_hook
 
