@@ -305,6 +305,12 @@ def _health_monitors(
     monitors: dict[str, HealthMonitor] = {}
     families = HealthFamilies(registry)  # one set of series, labelled by deployment
     for model, deployment in fleet.deployments.items():
+
+        def apply(transition: Transition, deployment: Deployment = deployment) -> None:
+            replica = deployment.replicas.get(transition.replica)
+            if replica is not None:
+                replica.health = transition.new
+
         monitor = HealthMonitor(
             model=deployment.upstream_model,
             dialect=dialect(deployment.config.engine),
@@ -313,15 +319,9 @@ def _health_monitors(
             remediator=remediators.get(model),
             initial_state=HealthState.HEALTHY,
             metrics=families.for_deployment(model),
+            listeners=[apply],
         )
         monitor.set_replicas({name: r.url for name, r in deployment.replicas.items()})
-
-        def apply(transition: Transition, deployment: Deployment = deployment) -> None:
-            replica = deployment.replicas.get(transition.replica)
-            if replica is not None:
-                replica.health = transition.new
-
-        monitor.add_listener(apply)
         monitors[model] = monitor
     return monitors
 

@@ -127,6 +127,7 @@ class HealthMonitor:
         scrape_interval_s: float | None = None,
         action: str = "restart",
         metrics: HealthMetrics | None = None,
+        listeners: Iterable[Callable[[Transition], Any]] = (),
     ) -> None:
         self.model = model
         self.policy = policy or HealthPolicy()
@@ -149,7 +150,7 @@ class HealthMonitor:
         self._last_scrape: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._per_replica: dict[str, set[asyncio.Task[None]]] = {}
-        self._listeners: list[Callable[[Transition], Any]] = []
+        self._listeners: list[Callable[[Transition], Any]] = list(listeners)
         self._loop_task: asyncio.Task[None] | None = None
         self.events: list[Transition] = []
         self.probe_latencies: deque[tuple[str, bool, float]] = deque(maxlen=10_000)  # (replica, ok, seconds)
