@@ -11,12 +11,9 @@ TTFT and hit rate relative to the first policy listed, so a routing change can b
 contention (the live p95s are 0.05-0.1 s higher), but it ranked the policies like the live runs did.
 
     .venv/bin/python bench/router_compare_sim.py [--policies cache_aware,fleetgate,fleetgate@x]
-        [--params '{"x": {"pick_rule": "ttft"}}'] [--slices 0,1000,...] [--rate 6] [--replicas 4]
+        [--params '{"x": {"spill_factor": 2.0}}'] [--slices 0,1000,...] [--rate 6] [--replicas 4]
 
-``name@tag`` runs policy ``name`` with ``params[tag]`` (on top of the engine facts for fleetgate). A
-``"engine_priority": {...}`` entry there (``core.routing.priority.SizePriorityParams`` fields) makes the
-gateway send the engines a size-aware priority (class first, uncached prefill bucket second); see the
-negative result in docs/routing.md, "Engine priority by prefill size".
+``name@tag`` runs policy ``name`` with ``params[tag]`` (on top of the engine facts for fleetgate).
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from router_compare import ENGINE_PROFILE, engine_facts
 
-from fleetgate.core.routing.priority import SizePriorityParams, engine_priority, uncached_prefill_tokens
 from fleetgate.core.routing.registry import build_policy
-from fleetgate.core.types import RequestInfo, RouteDecision
 from fleetgate.core.units import DEFAULT_PROFILE
 from fleetgate.sim.des import SimConfig, Simulator
 from fleetgate.sim.traces import Trace, TraceRequest, default_traces_dir, load_trace
@@ -82,21 +76,6 @@ def scaled_slice(reqs: list[TraceRequest], rate: float, tokens_scale: float) -> 
     )
 
 
-def size_priority(spec: dict[str, Any] | None) -> Callable[[RequestInfo, RouteDecision], int] | None:
-    """The gateway's size-aware engine priority (``engine_priority: size``) for a policy's ``engine_priority``
-    parameter (the ``SizePriorityParams`` fields); ``None`` sends no priority (FCFS engines)."""
-    if spec is None:
-        return None
-    ep = SizePriorityParams.from_mapping(spec)
-
-    def prio(info: RequestInfo, decision: RouteDecision) -> int:
-        cached = decision.scores.get("cached_blocks", 0.0)
-        unc = uncached_prefill_tokens(info.input_tokens, cached, info.prefix_block_tokens)
-        return engine_priority(info.priority, unc, info.arrival_s, ep)
-
-    return prio
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policies", default="cache_aware,fleetgate,least_requests,round_robin")
@@ -122,13 +101,12 @@ def main() -> None:
         for label in names:
             name, _, tag = label.partition("@")
             p = {**(facts if name == "fleetgate" else {}), **params.get(tag or name, {})}
-            prio = p.pop("engine_priority", None)
             sim = Simulator(
                 trace,
                 build_policy(name, p),
                 DEFAULT_PROFILE,
                 lambda _n: EngineModel(perf),
-                SimConfig(replicas=args.replicas, seed=1, engine_priority=size_priority(prio)),
+                SimConfig(replicas=args.replicas, seed=1),
             )
             res = sim.run()
             tt = res.ttft_s[~np.isnan(res.ttft_s)]

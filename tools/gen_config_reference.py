@@ -16,7 +16,7 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -46,45 +46,44 @@ the `deployments` list. `<name>` stands for a mapping key chosen by you.
 """
 
 
-def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, str]:
-    """The config model inside ``annotation`` and how it is nested: '' (direct), '[]' (list), '.<name>'."""
+def _models_of(annotation: Any) -> tuple[list[type[BaseModel]], str]:
+    """The config models inside ``annotation`` (several for a union of plug-in variants) and how they are
+    nested: '' (direct), '[]' (list), '.<name>' (mapping)."""
     origin = get_origin(annotation)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation, ""
+        return [annotation], ""
+    if origin is Annotated:
+        return _models_of(get_args(annotation)[0])
     if origin in (list, tuple):
-        inner, _ = _model_of(get_args(annotation)[0])
+        inner, _ = _models_of(get_args(annotation)[0])
         return inner, "[]"
     if origin is dict:
-        inner, _ = _model_of(get_args(annotation)[1])
+        inner, _ = _models_of(get_args(annotation)[1])
         return inner, ".<name>"
     if origin in (typing.Union, types.UnionType):
+        found: list[type[BaseModel]] = []
+        how = ""
         for arg in get_args(annotation):
-            inner, how = _model_of(arg)
-            if inner is not None:
-                return inner, how
-    return None, ""
+            inner, h = _models_of(arg)
+            if inner:
+                found += inner
+                how = h
+        return found, how
+    return [], ""
 
 
-def _variants(annotation: Any) -> list[type[BaseModel]]:
-    """The models of a union of several config models (a discriminated union of plug-in Params), else []."""
-
-    def flat(a: Any) -> list[Any]:
-        if get_origin(a) is typing.Annotated:
-            return flat(get_args(a)[0])
-        if get_origin(a) in (typing.Union, types.UnionType):
-            return [x for arg in get_args(a) for x in flat(arg)]
-        return [a]
-
-    models = [a for a in flat(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
-    return models if len(models) > 1 else []
+def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, str]:
+    """The first config model inside ``annotation`` and how it is nested (see ``_models_of``)."""
+    models, how = _models_of(annotation)
+    return (models[0] if models else None), how
 
 
-def _tag(model: type[BaseModel]) -> str:
-    """``policy: kpa`` for a plug-in variant: its one-value Literal field is the tag naming the type."""
+def variant_label(model: type[BaseModel]) -> str:
+    """``policy: fleetgate`` for a plug-in variant (a field typed ``Literal[one value]``), else ''."""
     for name, field in model.model_fields.items():
         if get_origin(field.annotation) is Literal and len(get_args(field.annotation)) == 1:
             return f"{name}: {get_args(field.annotation)[0]}"
-    return model.__name__
+    return ""
 
 
 def type_name(annotation: Any) -> str:
@@ -94,9 +93,13 @@ def type_name(annotation: Any) -> str:
         return "null"
     if origin is Literal:
         return " | ".join(json.dumps(a) for a in get_args(annotation))
-    if origin is typing.Annotated:
+    if origin is Annotated:
         return type_name(get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
+        labels = [variant_label(m) for m in _models_of(annotation)[0]]
+        if len(labels) > 1 and all(labels):
+            null = " | null" if type(None) in get_args(annotation) else ""
+            return "mapping: one of " + ", ".join(f"`{x}`" for x in labels) + null
         return " | ".join(type_name(a) for a in get_args(annotation))
     if origin is list:
         return f"list[{type_name(get_args(annotation)[0])}]"
@@ -145,12 +148,17 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def sections(model: type[BaseModel], path: str, tag: str = "") -> list[str]:
-    """Markdown for ``model`` at ``path`` (then for each nested model, depth first); ``tag`` names the
-    variant of a plug-in union (``policy: kpa``)."""
+def sections(
+    model: type[BaseModel], path: str, label: str = "", seen: dict[type[BaseModel], str] | None = None
+) -> list[str]:
+    """Markdown for ``model`` at ``path`` (then for each nested model, depth first). ``label`` names the
+    plug-in variant the section belongs to (``policy: fleetgate``); within variants a model already
+    documented is linked to, not repeated (``seen``: model -> anchor)."""
+    seen = {} if seen is None else seen
     title = f"`{path}`" if path else "Top level"
-    if tag:
-        title = f"{title} with `{tag}`"
+    if label:
+        title = f"{title} with `{label}`"
+    seen[model] = _anchor(title)
     lines = [f"## {title}", ""]
     doc = _doc(model)
     if doc:
@@ -158,33 +166,38 @@ def sections(model: type[BaseModel], path: str, tag: str = "") -> list[str]:
     lines += ["| Key | Type | Default | Description |", "|---|---|---|---|"]
     nested: list[tuple[type[BaseModel], str, str]] = []
     for name, field in model.model_fields.items():
-        inner, how = _model_of(field.annotation)
-        variants = _variants(field.annotation)
-        description = field.description or (_doc(inner) if inner is not None else "")
+        inners, how = _models_of(field.annotation)
+        description = field.description or (_doc(inners[0]) if len(inners) == 1 else "")
         extra = constraints(field)
         if extra:
             description = f"{description} ({extra})" if description else f"({extra})"
         key = f"{path}.{name}" if path else name
-        if variants:
-            links = ", ".join(f"[`{_tag(v)}`](#{_anchor(f'{key} with {_tag(v)}')})" for v in variants)
-            description = f"{description} One of: {links}.".strip()
-            nested += [(v, key, _tag(v)) for v in variants]
-        elif inner is not None:
-            description = f"{description} See [`{key}{how}`](#{_anchor(key + how)}).".strip()
-            nested.append((inner, key + how, ""))
+        links = []
+        for inner in inners:
+            own = variant_label(inner) if len(inners) > 1 else ""
+            sub_label = ", ".join(x for x in (label, own) if x)
+            sub_title = f"`{key}{how}`" + (f" with `{sub_label}`" if sub_label else "")
+            reuse = sub_label and inner in seen  # inside plug-in variants, document a shared model once
+            anchor = seen[inner] if reuse else _anchor(sub_title)
+            links.append(f"[`{own or key + how}`](#{anchor})")
+            if not reuse:
+                seen[inner] = anchor
+                nested.append((inner, key + how, sub_label))
+        if links:
+            description = f"{description} See {', '.join(links)}.".strip()
         lines.append(
             f"| `{name}` | {_escape(type_name(field.annotation))} | {_escape(default_text(field))} "
             f"| {_escape(description)} |"
         )
     lines.append("")
-    for inner, sub, variant in nested:
-        lines += sections(inner, sub, variant)
+    for inner, sub, sub_label in nested:
+        lines += sections(inner, sub, sub_label, seen)
     return lines
 
 
-def _anchor(path: str) -> str:
-    """GitHub's heading anchor for a heading that is just ``path`` in backticks."""
-    return "".join(ch for ch in path.lower() if ch.isalnum() or ch in "-_ ").replace(" ", "-")
+def _anchor(title: str) -> str:
+    """GitHub's heading anchor for a heading with the text ``title`` (backticks dropped)."""
+    return "".join(ch for ch in title.lower() if ch.isalnum() or ch in "-_ ").replace(" ", "-")
 
 
 def render() -> str:

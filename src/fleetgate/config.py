@@ -10,17 +10,17 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleetgate.core.autoscale.registry import AutoscalerConfig
+from fleetgate.core.plugins import PluginParams, tagged_union
+from fleetgate.core.routing.registry import POLICIES
 from fleetgate.engines.dialects import EngineKind
 
 ENV_PREFIX = "FLEETGATE__"
-
-RoutingPolicyName = Literal["random", "round_robin", "least_requests", "p2c", "cache_aware", "fleetgate"]
 
 
 class _Strict(BaseModel):
@@ -41,11 +41,28 @@ class ReplicaConfig(_Strict):
         return value.rstrip("/")
 
 
-class RoutingConfig(_Strict):
-    """Which routing policy a deployment uses, by name, and its parameters."""
+class _RoutingBase(_Strict):
+    """Which routing policy a deployment uses, by name (`policy`), and its parameters (`params`)."""
 
-    policy: RoutingPolicyName = Field(default="fleetgate", description="Routing policy name.")
-    params: dict[str, Any] = Field(default_factory=dict, description="Policy-specific parameters.")
+
+#: One config model per routing policy (``core.routing.registry.POLICIES``), told apart by ``policy``.
+ROUTING_VARIANTS: dict[str, type[BaseModel]] = POLICIES.variants(
+    tag="policy",
+    params_field="params",
+    base=_RoutingBase,
+    suffix="Routing",
+    tag_default=True,
+    doc=lambda p: f"Routing with `policy: {p.name}`: {' '.join((p.params.__doc__ or '').split())}",
+)
+
+if TYPE_CHECKING:
+
+    class RoutingConfig(_RoutingBase):
+        policy: str
+        params: PluginParams
+
+else:
+    RoutingConfig = tagged_union(list(ROUTING_VARIANTS.values()), "policy", default="fleetgate")
 
 
 class FailoverConfig(_Strict):
@@ -69,7 +86,10 @@ class DeploymentConfig(_Strict):
         default=None, description="Model name sent to the engines (default: the same as `model`)."
     )
     replicas: list[ReplicaConfig] = Field(default_factory=list, description="Static replica list.")
-    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    routing: RoutingConfig = Field(  # type: ignore[assignment]
+        default_factory=ROUTING_VARIANTS["fleetgate"],
+        description="Routing policy and its parameters; one section per policy below.",
+    )
     cost_profile: str | None = Field(
         default=None, description="Cost profile name or JSON path (model units); default profile if unset."
     )

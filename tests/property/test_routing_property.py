@@ -149,7 +149,7 @@ def test_fleetgate_bookkeeping_stays_consistent(requests: list[RequestInfo], see
         replicas = [ReplicaSnapshot(f"r{j}") for j in range(2 + (i % 5))]
         d = policy.pick(req, replicas, float(i), rng)
         policy.on_dispatch(req, d.replica, float(i))
-    aff = policy.affinity  # type: ignore[attr-defined]
+    aff = policy.affinity.assign  # type: ignore[attr-defined]
     assert aff.total_slots == sum(len(s.subset) for s in aff.keys.values())
     for name, count in aff.slots.items():
         assert count == sum(name in s.subset for s in aff.keys.values())

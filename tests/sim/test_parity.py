@@ -30,7 +30,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from fleetgate.config import DeploymentConfig, GatewayConfig, ReplicaConfig, RoutingConfig
+from fleetgate.config import DeploymentConfig, GatewayConfig, ReplicaConfig
 from fleetgate.core.lifecycle import ObserverBase, SortedOutputHistory
 from fleetgate.core.openai import parse_request
 from fleetgate.core.routing.base import PolicyBase
@@ -345,7 +345,7 @@ async def _gateway(
     dcfg = DeploymentConfig(
         model=MODEL,
         replicas=replicas,
-        routing=RoutingConfig(policy=name),  # type: ignore[arg-type]
+        routing={"policy": name},  # type: ignore[arg-type]
         capacity_mu_per_min=PROFILE.capacity_mu_per_min,
     )
     deployment = Deployment(dcfg, policy, PROFILE, history=SortedOutputHistory(), observers=[Observer(log)])
@@ -449,7 +449,7 @@ async def test_gateway_and_simulator_make_the_same_lifecycle_calls(
     assert {"pick", "dispatch", "first_token", "complete", "obs_first_token", "obs_complete"} <= kinds
     if params:  # the gate really held requests, and first-token feedback is on
         assert sum(1 for e in sim.log if e[0] == "hold") > 10
-        assert policy == "fleetgate" and build_policy(policy, params).first_token_feedback  # type: ignore[attr-defined]
+        assert policy == "fleetgate" and build_policy(policy, params).estimate.feedback  # type: ignore[attr-defined]
     for k, (a, b) in enumerate(zip(sim.log, gw, strict=False)):
         assert a == b, f"call {k} differs:\n  simulator: {a}\n  gateway:   {b}"
     assert len(sim.log) == len(gw)

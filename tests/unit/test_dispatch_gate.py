@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from fleetgate.core.routing import build_policy
 from fleetgate.core.routing.fleetgate import FleetgatePolicy
 from fleetgate.core.routing.gate import DispatchGate, GateParams
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
@@ -86,17 +87,51 @@ def _req(rid: str, tokens: int) -> RequestInfo:
     return RequestInfo(request_id=rid, model="m", tenant="t", input_tokens=tokens, cost_mu=float(tokens))
 
 
+def policy_(**params: object) -> FleetgatePolicy:
+    p = build_policy("fleetgate", params)
+    assert isinstance(p, FleetgatePolicy)
+    return p
+
+
 def test_policy_gate_is_on_when_the_engine_prefill_rate_is_known() -> None:
-    assert FleetgatePolicy().gate is None
-    assert FleetgatePolicy(gate="on").gate is not None
-    assert FleetgatePolicy(prefill_tokens_per_s=1000.0).gate is not None
-    assert FleetgatePolicy(prefill_tokens_per_s=1000.0, gate="off").gate is None
+    auto = policy_()
+    assert auto.gate is not None and not auto.gate_active  # waits for a rate (configured or learned)
+    assert auto.backlog_s([_snap("a", inflight=3)], 0.0) == 0.0  # so it never holds
+    assert policy_(gate="on").gate_active
+    assert policy_(prefill_tokens_per_s=1000.0).gate_active
+    assert policy_(prefill_tokens_per_s=1000.0, gate="off").gate is None
+    assert policy_(gate=False).gate is None  # YAML booleans
     with pytest.raises(ValueError):
-        FleetgatePolicy(gate="sometimes")
+        policy_(gate="sometimes")
+
+
+def test_learned_prefill_rate_turns_the_automatic_gate_on_and_a_configured_one_wins() -> None:
+    """Without an operator-set rate the estimate uses each replica's learned rate once the snapshots carry
+    one, and ``gate: auto`` (with first-token feedback) turns on; a configured rate is used as before."""
+    learned = [
+        ReplicaSnapshot("a", capacity_mu_per_min=6000, learned_prefill_tokens_per_s=500.0),
+        ReplicaSnapshot("b", capacity_mu_per_min=6000, learned_prefill_tokens_per_s=2000.0),
+    ]
+    auto = policy_()
+    req = _req("r0", 1000)
+    d = auto.pick(req, learned, 0.0, random.Random(1))
+    assert d.replica == "b" and d.scores["est_ttft_s"] == pytest.approx(0.5)  # 1,000 tokens at 2,000/s
+    assert auto.gate_active and auto.estimate.feedback
+    auto.on_dispatch(req, d.replica, 0.0)
+    assert auto.loads.reps["b"][1] == pytest.approx(0.5)  # the fluid queue runs at b's learned rate
+    busy = [ReplicaSnapshot(r.name, capacity_mu_per_min=6000, inflight_requests=1) for r in learned]
+    assert auto.backlog_s(busy, 0.0) == 0.0  # nothing queued on a
+    assert auto.backlog_s(busy[1:], 0.1) == pytest.approx(0.4)
+    d2 = auto.pick(_req("r1", 1000), learned, 0.0, random.Random(1))  # b is above the load bound now
+    assert d2.replica == "a" and d2.scores["est_ttft_s"] == pytest.approx(2.0)  # at a's 500/s
+    configured = policy_(prefill_tokens_per_s=1000.0)
+    d3 = configured.pick(_req("r2", 1000), learned, 0.0, random.Random(1))
+    assert d3.scores["est_ttft_s"] == pytest.approx(1.0)  # the configured rate, not the learned ones
+    assert policy_(gate="off").pick(_req("r3", 1000), learned, 0.0, random.Random(1)).replica == "b"
 
 
 def test_backlog_is_the_least_loaded_routable_replica() -> None:
-    policy = FleetgatePolicy(prefill_tokens_per_s=1000.0)
+    policy = policy_(prefill_tokens_per_s=1000.0)
     reps = [_snap("a"), _snap("b"), _snap("c", HealthState.UNHEALTHY)]
     rng = random.Random(1)
     assert policy.backlog_s(reps, 0.0) == 0.0
@@ -113,7 +148,7 @@ def test_backlog_is_the_least_loaded_routable_replica() -> None:
 
 
 def test_first_token_feedback_follows_the_engine_without_adding_up_a_constant_delay() -> None:
-    policy = FleetgatePolicy(prefill_tokens_per_s=1000.0, first_token_feedback="on", min_subset=1)
+    policy = policy_(prefill_tokens_per_s=1000.0, first_token_feedback="on", min_subset=1)
     reps = [_snap("a")]
     rng = random.Random(1)
     reqs = [_req(f"r{i}", 1000) for i in range(3)]
@@ -133,7 +168,7 @@ def test_first_token_feedback_follows_the_engine_without_adding_up_a_constant_de
 
 def test_an_idle_replica_has_no_backlog_whatever_the_estimate() -> None:
     """A configured prefill rate far below the engine's must not hold requests while a replica idles."""
-    policy = FleetgatePolicy(prefill_tokens_per_s=1.0)  # 1,000 s per request by the estimate
+    policy = policy_(prefill_tokens_per_s=1.0)  # 1,000 s per request by the estimate
     rng = random.Random(1)
     req = _req("r0", 1000)
     d = policy.pick(req, [_snap("a")], 0.0, rng)
@@ -143,7 +178,9 @@ def test_an_idle_replica_has_no_backlog_whatever_the_estimate() -> None:
 
 
 def test_first_token_feedback_follows_the_gate_by_default() -> None:
-    assert FleetgatePolicy(prefill_tokens_per_s=1000.0).first_token_feedback
-    assert not FleetgatePolicy().first_token_feedback
-    assert not FleetgatePolicy(prefill_tokens_per_s=1000.0, first_token_feedback="off").first_token_feedback
-    assert FleetgatePolicy(first_token_feedback="on").first_token_feedback
+    assert policy_(prefill_tokens_per_s=1000.0).estimate.feedback
+    assert not policy_().estimate.feedback
+    assert policy_(gate="on").estimate.feedback
+    assert not policy_(prefill_tokens_per_s=1000.0, first_token_feedback="off").estimate.feedback
+    assert policy_(first_token_feedback="on").estimate.feedback
+    assert policy_(first_token_feedback=True).estimate.feedback

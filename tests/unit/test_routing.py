@@ -36,12 +36,16 @@ def ctx(now: float = 0.0, exclude: Sequence[str] = (), seed: int = 0) -> PickCon
 # -- registry --------------------------------------------------------------------------------------------
 
 
-def test_policy_names_match_config_literal() -> None:
-    from typing import get_args
+def test_config_accepts_exactly_the_registered_policies() -> None:
+    from fleetgate.config import ROUTING_VARIANTS, DeploymentConfig
 
-    from fleetgate.config import RoutingPolicyName
-
-    assert set(POLICY_NAMES) == set(get_args(RoutingPolicyName))
+    assert tuple(ROUTING_VARIANTS) == POLICY_NAMES
+    for name in POLICY_NAMES:
+        cfg = DeploymentConfig(model="m", routing={"policy": name})  # type: ignore[arg-type]
+        assert cfg.routing.policy == name
+        assert build_policy(name, cfg.routing.params).name == name
+    with pytest.raises(ValueError, match="does not match any of the expected tags"):
+        DeploymentConfig(model="m", routing={"policy": "nope"})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
@@ -63,13 +67,13 @@ def test_fresh_object_per_build(name: str) -> None:
     ("name", "params", "message"),
     [
         ("nope", None, "unknown routing policy"),
-        ("round_robin", {"bogus": 1}, "unknown parameter"),
+        ("round_robin", {"bogus": 1}, "bogus: Extra inputs are not permitted"),
         ("least_requests", {"tie_break": "sideways"}, "tie_break"),
-        ("p2c", {"choices": 0}, "k must be"),
+        ("p2c", {"choices": 0}, "choices: Input should be greater than or equal to 1"),
         ("cache_aware", {"cache_threshold": 2.0}, "cache_threshold"),
-        ("cache_aware", {"bogus": 1}, "unknown parameter"),
-        ("fleetgate", {"key": "colour"}, "key must be"),
-        ("fleetgate", {"bogus": 1}, "unknown parameter"),
+        ("cache_aware", {"bogus": 1}, "bogus: Extra inputs"),
+        ("fleetgate", {"key": "colour"}, "key: Input should be 'prefix', 'session' or 'tenant'"),
+        ("fleetgate", {"bogus": 1}, "invalid parameters for routing policy 'fleetgate': bogus"),
         ("random", {"outlier": {"consecutive_failures": 0}}, "consecutive_failures"),
     ],
 )
@@ -275,7 +279,7 @@ def test_scorer_plugins_by_name_from_config() -> None:
     d = kv.pick(REQ, replicas, 0.0, random.Random(0))
     assert d.replica == "b"
     assert d.scores == {"inflight_requests": 0.0, "kv_usage": pytest.approx(0.9)}
-    with pytest.raises(ValueError, match="unknown scorer"):
+    with pytest.raises(ValueError, match=r"scorers.0: Input tag 'vibes' .* does not match"):
         build_policy("p2c", {"scorers": {"vibes": 1.0}})
     with pytest.raises(ValueError, match="positive weight"):
         build_policy("p2c", {"scorers": {"queue_length": 0.0}})
@@ -290,3 +294,37 @@ def test_kv_usage_scorer_treats_unknown_as_neutral() -> None:
         ReplicaSnapshot("c", engine_kv_usage=1.3),
     ]
     assert KvUsageScorer().score(REQ, replicas, ctx()) == [pytest.approx(0.8), 0.5, 0.0]
+
+
+def test_ttft_estimate_scorer_combines_with_any_scored_policy() -> None:
+    """The TTFT estimate is a plain scorer too: least_requests with it avoids the replica that has a long
+    prefill queued (fed by the pipeline's dispatch hook) and forgets it at completion."""
+    policy = build_policy(
+        "least_requests", {"scorers": [{"type": "ttft_estimate", "prefill_tokens_per_s": 1000}]}
+    )
+    assert policy.uses_prefix_hashes
+    replicas = fleet(2)
+    long = RequestInfo(request_id="long", model="m", input_tokens=5000, cost_mu=5.0)
+    policy.on_dispatch(long, "r0", 0.0)
+    short = RequestInfo(request_id="short", model="m", input_tokens=100, cost_mu=0.1)
+    d = policy.pick(short, replicas, 1.0, random.Random(0))
+    assert d.replica == "r1" and d.scores == {"ttft_estimate": 1.0}
+    policy.on_complete(long, "r0", 6.0, 5.0, True)
+    p2c = build_policy("p2c", {"scorers": {"ttft_estimate": 1.0, "queue_length": 0.5}})
+    assert p2c.pick(short, replicas, 0.0, random.Random(0)).replica in {"r0", "r1"}
+
+
+def test_fleetgate_takes_extra_scorers_as_seconds() -> None:
+    """An extra scorer adds weight x (1 - score) seconds to the TTFT estimate: a strong kv_usage weight moves
+    an otherwise equal request off the replica whose KV cache is nearly full, whichever that is."""
+    req = RequestInfo(request_id="q", model="m", input_tokens=100, cost_mu=0.1)
+    for full, other in (("a", "b"), ("b", "a")):
+        replicas = [ReplicaSnapshot("a", engine_kv_usage=0.99 if full == "a" else 0.0)]
+        replicas.append(ReplicaSnapshot("b", engine_kv_usage=0.99 if full == "b" else 0.0))
+        kv = build_policy("fleetgate", {"scorers": {"kv_usage": 10.0}})
+        d = kv.pick(req, replicas, 0.0, random.Random(0))
+        plain = build_policy("fleetgate").pick(req, replicas, 0.0, random.Random(0))
+        assert d.replica == other
+        assert d.scores["est_ttft_s"] == pytest.approx(plain.scores["est_ttft_s"])  # + 0 s on the free one
+    with pytest.raises(ValueError, match=r"scorers\.0"):
+        build_policy("fleetgate", {"scorers": {"vibes": 1.0}})

@@ -12,8 +12,9 @@ from fleetgate.core.routing import build_policy
 from fleetgate.core.routing.affinity import BoundedLoadAffinity
 from fleetgate.core.routing.fleetgate import FleetgatePolicy
 from fleetgate.core.routing.keys import KeyFunction, mix64, str_hash64
-from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads, SlidingSums
+from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
+from fleetgate.core.units import load_profile
 
 
 def fleet(n: int, **kw: object) -> list[ReplicaSnapshot]:
@@ -31,8 +32,11 @@ def request(i: int, hashes: tuple[int, ...] = (), **kw: object) -> RequestInfo:
     return RequestInfo(request_id=f"q{i}", model="m", **base)  # type: ignore[arg-type]
 
 
+PROFILE = load_profile("llama2-70b-h100-tp4")  # the deployment's cost profile, loaded outside core
+
+
 def policy(**params: object) -> FleetgatePolicy:
-    p = build_policy("fleetgate", {"profile": "llama2-70b-h100-tp4", **params})
+    p = build_policy("fleetgate", params, profile=PROFILE)
     assert isinstance(p, FleetgatePolicy)
     return p
 
@@ -100,15 +104,6 @@ def test_replica_loads() -> None:
     assert loads.rate("a", 10_000.0) == pytest.approx(1.0, rel=1e-6)
     loads.discard("a")
     assert loads.total * loads.scale(10_000.0) == pytest.approx(loads.rate("b", 10_000.0))
-
-
-def test_sliding_sums() -> None:
-    s = SlidingSums(60.0)
-    s.add("a", 5.0, 0.0)
-    s.add("b", 3.0, 30.0)
-    assert (s.sums["a"], s.total) == (5.0, 8.0)
-    s.expire(60.0)
-    assert (s.sums["a"], s.sums["b"], s.total) == (0.0, 3.0, 3.0)
 
 
 # -- bounded-load affinity -------------------------------------------------------------------------------
@@ -192,9 +187,9 @@ def test_estimated_ttft_counts_uncached_prefill_and_queue() -> None:
     ]
     d = p.pick(r, replicas, 1000.0, random.Random(0))
     assert d.replica == "r1"
-    full = p.prefill_mu(r)
+    full = p.estimate.prefill_mu(r)
     # r1 holds 3 of 4 blocks: a quarter of the prefill at full price plus the discounted rest (1 MU/s).
-    expected = full * 0.25 + full * 0.75 * p.cache_discount
+    expected = full * 0.25 + full * 0.75 * p.estimate.cache_discount
     assert d.scores["est_ttft_s"] == pytest.approx(expected)
 
 
@@ -240,7 +235,7 @@ def test_hot_key_spreads_over_a_growing_subset_and_shrinks_when_cool() -> None:
     p = policy(hot_share=0.5, key_ttl_s=10_000)
     rng = random.Random(0)
     replicas = fleet(8)
-    key = p.key_fn(request(0, (5, 6)))
+    key = p.affinity.key_fn(request(0, (5, 6)))
     now = 0.0
     used: Counter[str] = Counter()
     for i in range(3000):  # one key at ~4 replicas' worth of MU per second
@@ -249,7 +244,7 @@ def test_hot_key_spreads_over_a_growing_subset_and_shrinks_when_cool() -> None:
         d = p.pick(r, replicas, now, rng)
         p.on_dispatch(r, d.replica, now)
         used[d.replica] += 1
-    state = p.affinity.keys[key]
+    state = p.affinity.assign.keys[key]
     assert len(state.subset) >= 4
     assert len(used) >= 4
     # It cools down: one request a minute for an hour.
@@ -258,7 +253,7 @@ def test_hot_key_spreads_over_a_growing_subset_and_shrinks_when_cool() -> None:
         r = request(10_000 + i, (5, 6, 2_000_000 + i), cost_mu=1.0)
         d = p.pick(r, replicas, now, rng)
         p.on_dispatch(r, d.replica, now)
-    assert len(p.affinity.keys[key].subset) == p.affinity.min_subset
+    assert len(p.affinity.assign.keys[key].subset) == p.affinity.assign.min_subset
 
 
 def test_idle_keys_expire() -> None:
@@ -267,12 +262,12 @@ def test_idle_keys_expire() -> None:
     for i in range(50):
         r = request(i, (i, i + 1000))
         p.on_dispatch(r, p.pick(r, fleet(4), float(i), rng).replica, float(i))
-    assert len(p.affinity.keys) == 50
+    assert len(p.affinity.assign.keys) == 50
     late = request(999, (99_999, 1))
     p.on_dispatch(late, p.pick(late, fleet(4), 500.0, rng).replica, 500.0)
     p.on_dispatch(late, "r0", 511.0)
-    assert len(p.affinity.keys) == 1
-    assert p.affinity.total_slots == sum(len(s.subset) for s in p.affinity.keys.values())
+    assert len(p.affinity.assign.keys) == 1
+    assert p.affinity.assign.total_slots == sum(len(s.subset) for s in p.affinity.assign.keys.values())
 
 
 def test_departed_replicas_leave_subsets() -> None:
@@ -286,14 +281,14 @@ def test_departed_replicas_leave_subsets() -> None:
         r = request(1000 + int(t), (1, 2))
         p.on_dispatch(r, p.pick(r, small, t, rng).replica, t)
     names = {r.name for r in small}
-    for st in p.affinity.keys.values():
+    for st in p.affinity.assign.keys.values():
         assert set(st.subset) <= names and len(st.subset) == 2
 
 
 def test_rebalance_moves_few_keys_from_an_overloaded_replica() -> None:
     p = policy(rebalance_band=0.15, load_bound=100.0)
     names = [f"r{i}" for i in range(4)]
-    p.affinity.ensure_ring(names)
+    p.affinity.assign.ensure_ring(names)
     now = 100.0
     tau = p.loads.tau_s
     key_rates = {"r0": [3.0, 3.0] + [1.0] * 10, "r1": [1.0] * 8, "r2": [1.0] * 8, "r3": [1.0] * 8}
@@ -301,18 +296,18 @@ def test_rebalance_moves_few_keys_from_an_overloaded_replica() -> None:
     hot = []
     for name, rates in key_rates.items():
         for rate in rates:
-            p.affinity.commit(k, [name], now)
+            p.affinity.assign.commit(k, [name], now)
             p.key_rates.add(k, rate * tau, now)  # rate MU/s, expressed as decayed MU
             p.loads.add(name, rate * tau, now)
             if rate > 1.0:
                 hot.append(k)
             k += 1
-    moved = p.rebalance(now, names)
+    moved = p.affinity.rebalance(now, names)
     assert moved == 2  # the two big keys, not six small ones
-    assert all(p.affinity.keys[h].subset != ["r0"] for h in hot)
+    assert all(p.affinity.assign.keys[h].subset != ["r0"] for h in hot)
     rates_after = [p.loads.rate(n, now) for n in names]
     assert max(rates_after) <= 1.15 * sum(rates_after) / 4
-    assert p.affinity.moves == 2
+    assert p.affinity.assign.moves == 2
 
 
 def test_seeded_runs_are_identical() -> None:
@@ -336,12 +331,12 @@ def test_seeded_runs_are_identical() -> None:
 def test_params_are_validated() -> None:
     with pytest.raises(ValueError):
         policy(load_bound=0.5)
-    with pytest.raises(ValueError):
-        policy(load_signal="median")
-    assert policy(key="session", load_signal="window").load_signal == "window"
+    with pytest.raises(ValueError, match="load_signal: Extra inputs are not permitted"):
+        policy(load_signal="window")  # removed with its negative result (docs/routing.md)
+    assert policy(key="session").affinity.key_fn.kind == "session"
 
 
-# -- sequence slots, decode interference, uncached spill ---------------------------------------------------
+# -- sequence slots, uncached spill ---------------------------------------------------
 
 
 def test_replica_near_its_sequence_slot_limit_is_avoided() -> None:
@@ -355,44 +350,22 @@ def test_replica_near_its_sequence_slot_limit_is_avoided() -> None:
     for i in range(4):
         p.on_complete(request(i, input_tokens=1, cost_mu=0.001), "r0", 1.0, 0.001, True)
     assert p.inflight("r0") == 0
-    assert p._busy == {}
+    assert p.estimate._busy == {}
 
 
 def test_slot_penalty_grows_with_requests_over_the_threshold() -> None:
     p = policy(max_running=8, slot_fraction=0.5, slot_wait_s=0.25)
-    assert p.slot_from == 4
+    assert p.estimate.slot_from == 4
     for i in range(6):
         p.on_dispatch(request(i, input_tokens=1, cost_mu=0.001), "r0", 0.0)
-    assert p._busy["r0"] == pytest.approx((6 + 1 - 4) * 0.25)
-
-
-def test_decode_interference_is_off_by_default_and_raises_estimate_when_on() -> None:
-    base, on = policy(), policy(interference_seq_tokens=2.5, interference_kv_tokens=1.4e-3)
-    assert base.int_seq == 0.0 and base.int_kv == 0.0
-    rep = [ReplicaSnapshot("r0")]
-    for p in (base, on):
-        p.on_dispatch(request(1, (7,), input_tokens=20_000), "r0", 0.0)
-    # Two replicas so that the estimate is computed (one replica short-circuits).
-    reps = [*rep, ReplicaSnapshot("r1", health=HealthState.UNHEALTHY), ReplicaSnapshot("r2")]
-    t_base = base.pick(request(2, (9,)), reps, 100.0, random.Random(0))
-    t_on = on.pick(request(2, (9,)), reps, 100.0, random.Random(0))
-    assert t_base.replica == t_on.replica == "r2"  # the idle replica either way
-    on2 = policy(interference_seq_tokens=2.5, interference_kv_tokens=1.4e-3)
-    on2.on_dispatch(request(1, (7,), input_tokens=20_000), "r0", 0.0)
-    on2.on_dispatch(request(3, (8,), input_tokens=20_000), "r2", 0.0)
-    base2 = policy()
-    base2.on_dispatch(request(1, (7,), input_tokens=20_000), "r0", 0.0)
-    base2.on_dispatch(request(3, (8,), input_tokens=20_000), "r2", 0.0)
-    e_on = on2.pick(request(2, (9,)), reps, 100.0, random.Random(0)).scores["est_ttft_s"]
-    e_base = base2.pick(request(2, (9,)), reps, 100.0, random.Random(0)).scores["est_ttft_s"]
-    assert e_on > e_base
+    assert p.estimate._busy["r0"] == pytest.approx((6 + 1 - 4) * 0.25)
 
 
 def test_uncached_request_may_leave_its_subset_for_a_faster_replica() -> None:
     # Nothing of the prompt is cached anywhere: the fastest replica takes it (spill_factor_new).
     # A little queued prefill on the subset's replica: the old spill rule (1.5x + 0.5 s) keeps it there.
     for factor, slack, leaves in ((1.0, 0.0, True), (1.5, 0.5, False)):
-        p = policy(spill_factor_new=factor, spill_slack_new_s=slack, min_subset=1, pick_rule="leader")
+        p = policy(spill_factor_new=factor, spill_slack_new_s=slack, min_subset=1)
         replicas = fleet(8)
         d0 = p.pick(request(0, (42, 43), input_tokens=4096), replicas, 0.0, random.Random(0))
         p.on_dispatch(request(100, (500,), input_tokens=3000), d0.replica, 0.0)
@@ -408,10 +381,8 @@ def test_uncached_request_may_leave_its_subset_for_a_faster_replica() -> None:
         {"spill_slack_new_s": -1.0},
         {"slot_fraction": 0.0},
         {"max_running": -1},
-        {"interference_seq_tokens": -1.0},
-        {"chunk_tokens": 0},
-        {"pick_rule": "fastest"},
-        {"cache_weight": -1.0},
+        {"pick_rule": "ttft"},
+        {"interference_seq_tokens": 2.5},
         {"prefill_tokens_per_s": 0.0},
     ],
 )
@@ -459,16 +430,24 @@ def test_known_prefill_rate_sets_the_estimate_in_engine_seconds() -> None:
     assert d3.scores["est_ttft_s"] == pytest.approx(1.024)
 
 
-def test_ttft_rule_weighs_the_work_a_cache_hit_saves() -> None:
-    """``pick_rule: ttft``: min of TTFT + cache_weight x own prefill. The holder of 3 of 4 blocks, whose queue
-    makes it slower for this request (2.548 + 0.512 s vs 2.048 s), still wins with cache_weight 2 (its
-    hit saves 1.5 s of work for every request queued behind it later) and loses with cache_weight 0."""
-    for cw, stays in ((2.0, True), (0.0, False)):
-        p = policy(pick_rule="ttft", cache_weight=cw, prefill_tokens_per_s=1000.0, cache_discount=0.0)
-        replicas = fleet(2)
-        p.on_dispatch(request(0, (1, 2, 3, 4), input_tokens=2048), "r0", 0.0)
-        p.on_dispatch(request(1, (50, 51, 52, 53), input_tokens=2000), "r0", 0.0)  # r0 busy until 4.048
-        d = p.pick(request(2, (1, 2, 3, 77), input_tokens=2048), replicas, 1.5, random.Random(0))
-        assert d.reason == "fleetgate:ttft"
-        assert (d.replica == "r0") is stays
-        assert d.scores["est_ttft_s"] == pytest.approx(2.548 + 0.512 if stays else 2.048)
+def test_policy_inherits_the_deployments_cost_profile() -> None:
+    """The estimate prices prefill with the deployment's ``cost_profile`` (loaded outside core), not the
+    built-in default; ``prefill_mu_per_token`` still overrides it."""
+    from fleetgate.config import DeploymentConfig
+    from fleetgate.gateway.fleet import build_deployment
+
+    dep = build_deployment(DeploymentConfig(model="m", cost_profile="llama2-70b-h100-tp4"))
+    assert isinstance(dep.policy, FleetgatePolicy)
+    assert dep.policy.estimate.alpha == pytest.approx(dep.profile.alpha) == pytest.approx(PROFILE.alpha)
+    assert dep.policy.estimate.max_running == int(PROFILE.perf["max_batch"])
+    default = build_deployment(DeploymentConfig(model="m"))
+    assert isinstance(default.policy, FleetgatePolicy)
+    assert default.policy.estimate.alpha == pytest.approx(default.profile.alpha)
+    assert default.policy.estimate.alpha != pytest.approx(dep.policy.estimate.alpha)
+    cfg = DeploymentConfig(
+        model="m",
+        cost_profile="llama2-70b-h100-tp4",
+        routing={"policy": "fleetgate", "params": {"prefill_mu_per_token": 0.5}},  # type: ignore[arg-type]
+    )
+    overridden = build_deployment(cfg).policy
+    assert isinstance(overridden, FleetgatePolicy) and overridden.estimate.alpha == 0.5

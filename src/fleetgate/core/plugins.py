@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, Literal, TypeVar, Union
+from typing import Annotated, Any, Generic, Literal, TypeVar, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
 
 T = TypeVar("T")
 
@@ -117,7 +117,7 @@ class Registry(Generic[T]):
         """``Literal[<every name>]`` (for a config field that only names a plug-in)."""
         return Literal[self.names()]
 
-    def union(
+    def variants(
         self,
         *,
         tag: str,
@@ -125,41 +125,68 @@ class Registry(Generic[T]):
         params_field: str | None = None,
         suffix: str = "",
         doc: Callable[[Plugin[T]], str] | None = None,
-    ) -> Any:
-        """A pydantic discriminated union with one variant per plug-in, told apart by the field ``tag``.
+        tag_default: bool = False,
+    ) -> dict[str, type[BaseModel]]:
+        """One config model per plug-in, told apart by the field ``tag`` (``Literal[name]``).
 
         ``params_field=None``: the plug-in's ``Params`` fields sit next to the tag (``{type: x, a: 1}``); else
         they are nested under that field (``{policy: x, params: {a: 1}}``). Variants subclass ``base`` (for
         shared fields such as a scorer's ``weight``) and are named ``<CamelName><suffix>``.
+        ``tag_default``: the tag field defaults to the plug-in's name (for a union whose input may omit the
+        tag, see ``tagged_union``).
         """
-        variants: list[type[BaseModel]] = []
+        out: dict[str, type[BaseModel]] = {}
         for plugin in self:
-            tag_field: Any = (Literal[plugin.name], Field(description=f"`{plugin.name}`."))
+            tag_field: Any = (
+                Literal[plugin.name],
+                Field(default=plugin.name, description=f"Selects `{plugin.name}`.")
+                if tag_default
+                else Field(description=f"Selects `{plugin.name}`."),
+            )
             text = doc(plugin) if doc is not None else (plugin.params.__doc__ or "")
             if params_field is None:
-                variant = create_model(
-                    f"{_camel(plugin.name)}{suffix}",
-                    __base__=(plugin.params, base) if base is not PluginParams else plugin.params,
-                    __doc__=text,
-                    **{tag: tag_field},
+                bases = (plugin.params, base) if base is not PluginParams else (plugin.params,)
+                out[plugin.name] = create_model(
+                    f"{_camel(plugin.name)}{suffix}", __base__=bases, __doc__=text, **{tag: tag_field}
                 )
             else:
-                variant = create_model(
+                nested: Any = (
+                    plugin.params,
+                    Field(default_factory=plugin.params, description=f"Parameters of `{plugin.name}`."),
+                )
+                out[plugin.name] = create_model(
                     f"{_camel(plugin.name)}{suffix}",
                     __base__=base,
                     __doc__=text,
-                    **{
-                        tag: tag_field,
-                        params_field: (
-                            plugin.params,
-                            Field(
-                                default_factory=plugin.params,
-                                description=f"Parameters of `{plugin.name}`.",
-                            ),
-                        ),
-                    },
+                    **{tag: tag_field, params_field: nested},
                 )
-            variants.append(variant)
-        if len(variants) == 1:
-            return variants[0]
+        return out
+
+    def union(self, *, tag: str, default: str | None = None, **kw: Any) -> Any:
+        """The discriminated union of ``variants(tag=tag, **kw)`` (a pydantic field type); input without the
+        tag is read as ``default`` when given."""
+        variants = self.variants(tag=tag, tag_default=default is not None, **kw)
+        return tagged_union(list(variants.values()), tag, default)
+
+
+def tagged_union(variants: list[type[BaseModel]], tag: str, default: str | None = None) -> Any:
+    """``Annotated[Union[variants], discriminator]`` on the field ``tag`` (a single variant stands alone).
+
+    With ``default``, input that omits the tag is read as that variant (``routing: {params: ...}`` means the
+    default policy), else the tag is required.
+    """
+    if len(variants) == 1:
+        return variants[0]
+    if default is None:
         return Annotated[Union[tuple(variants)], Field(discriminator=tag)]  # noqa: UP007
+
+    def which(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return value.get(tag, default)
+        if isinstance(value, BaseModel):
+            return dict(value).get(tag, default)
+        return None
+
+    names = [get_args(m.model_fields[tag].annotation)[0] for m in variants]
+    tagged = tuple(Annotated[m, Tag(n)] for m, n in zip(variants, names, strict=True))
+    return Annotated[Union[tagged], Discriminator(which)]  # noqa: UP007

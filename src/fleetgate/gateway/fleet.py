@@ -166,16 +166,12 @@ def build_deployment(
     history: SortedOutputHistory | None = None,
     observers: Sequence[LifecycleObserver] = (),
 ) -> Deployment:
-    """A deployment with its routing policy built by name and its cost profile loaded (``history`` and
-    ``observers``: see ``Deployment``)."""
-    try:
-        policy = build_policy(config.routing.policy, config.routing.params)
-    except ImportError as exc:  # a policy module not delivered yet: keep serving with round robin
-        log.warning("routing policy %r unavailable (%s); using round_robin", config.routing.policy, exc)
-        policy = build_policy("round_robin")
+    """A deployment with its cost profile loaded and its routing policy built by name, estimating with that
+    profile (``history`` and ``observers``: see ``Deployment``)."""
     profile = load_profile(config.cost_profile)
     if profile.capacity_mu_per_min != config.capacity_mu_per_min:
         profile = profile.with_capacity(config.capacity_mu_per_min)
+    policy = build_policy(config.routing.policy, config.routing.params, profile=profile)
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
     return Deployment(config, policy, profile, history=history, observers=observers, tokenizer=tokenizer)
 

@@ -131,7 +131,7 @@ def run_des(
     )
     sim = Simulator(
         tr,
-        build_policy(opts.policy, opts.policy_params),
+        build_policy(opts.policy, opts.policy_params, profile=profile),
         profile,
         factory,
         cfg,

@@ -19,12 +19,10 @@ least-loaded holder rather than DashMap iteration order, and only routable repli
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from fleetgate.core.routing.base import PolicyBase
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.outlier import OutlierDetector
-from fleetgate.core.routing.params import parse_params
 from fleetgate.core.routing.pipeline import PickContext, no_replica_error
 from fleetgate.core.routing.prefix_index import PrefixIndex
 from fleetgate.core.types import RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
@@ -36,6 +34,7 @@ class CacheAwarePolicy(PolicyBase):
     """SGLang-style cache-aware routing; see the module docstring."""
 
     name = "cache_aware"
+    uses_prefix_hashes = True
 
     def __init__(
         self,
@@ -111,16 +110,3 @@ class CacheAwarePolicy(PolicyBase):
     def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
         if self.outliers is not None:
             self.outliers.record(replica, ok, now)
-
-
-_PARAMS: dict[str, Any] = {
-    "cache_threshold": float,
-    "balance_abs_threshold": int,
-    "balance_rel_threshold": float,
-    "eviction_interval_s": float,
-    "max_tree_size": int,
-}
-
-
-def build_cache_aware(params: dict[str, Any], det: OutlierDetector | None) -> CacheAwarePolicy:
-    return CacheAwarePolicy(outliers=det, **parse_params("cache_aware", params, _PARAMS))

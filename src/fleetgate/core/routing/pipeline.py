@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from fleetgate.core.errors import ServiceUnavailableError
 from fleetgate.core.routing.base import PolicyBase
@@ -28,7 +28,19 @@ class PickContext:
     exclude: frozenset[str]
 
 
-class Filter(Protocol):
+class _Hooks(Protocol):
+    """The request hooks every stage has (``StageBase`` gives no-op defaults)."""
+
+    def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> Any: ...
+
+    def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None: ...
+
+    def on_complete(
+        self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool
+    ) -> None: ...
+
+
+class Filter(_Hooks, Protocol):
     """Drops candidates; returns the survivors in their original order (may return the input list)."""
 
     name: str
@@ -38,7 +50,7 @@ class Filter(Protocol):
     ) -> list[ReplicaSnapshot]: ...
 
 
-class Scorer(Protocol):
+class Scorer(_Hooks, Protocol):
     """Scores each candidate in [0, 1], higher is better; same order and length as ``candidates``."""
 
     name: str
@@ -48,7 +60,7 @@ class Scorer(Protocol):
     ) -> list[float]: ...
 
 
-class Picker(Protocol):
+class Picker(_Hooks, Protocol):
     """Chooses the index of one candidate given the combined scores (``None`` when there are no scorers)."""
 
     name: str
@@ -58,14 +70,34 @@ class Picker(Protocol):
     ) -> int: ...
 
 
-class Observer(Protocol):
-    """Optional hooks for stateful stages (e.g. a prefix record); the pipeline forwards dispatch/complete."""
+class StageBase:
+    """No-op request hooks for pipeline stages; a stateful stage (a prefix record, the TTFT estimate)
+    overrides the ones it needs and the pipeline forwards exactly those. ``uses_prefix_hashes``: the stage
+    reads ``RequestInfo.prefix_hashes`` (the gateway hashes prompts only for policies that need it)."""
 
-    def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None: ...
+    uses_prefix_hashes = False
 
-    def on_complete(
-        self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool
-    ) -> None: ...
+    def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> Any:
+        return None
+
+    def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
+        return None
+
+    def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
+        return None
+
+
+def _overrides(part: object) -> tuple[bool, bool, bool]:
+    """Which of (on_dispatch, on_first_token, on_complete) ``part`` defines itself rather than inheriting
+    ``StageBase``'s no-op."""
+    if not isinstance(part, StageBase):
+        return (False, False, False)
+    cls = type(part)
+    return (
+        cls.on_dispatch is not StageBase.on_dispatch,
+        cls.on_first_token is not StageBase.on_first_token,
+        cls.on_complete is not StageBase.on_complete,
+    )
 
 
 def no_replica_error(total: int, model: str) -> ServiceUnavailableError:
@@ -100,9 +132,12 @@ class PipelinePolicy(PolicyBase):
         self.outliers = outliers
         self._weight_sum = sum(w for _, w in self.scorers) or 1.0
         parts: list[object] = [*self.filters, *(s for s, _ in self.scorers), picker]
-        self._observers: tuple[Observer, ...] = tuple(
-            cast(Observer, p) for p in parts if hasattr(p, "on_dispatch") and hasattr(p, "on_complete")
-        )
+        #: Whether any stage reads the prompt's prefix hashes (declared by each stage).
+        self.uses_prefix_hashes = any(isinstance(p, StageBase) and p.uses_prefix_hashes for p in parts)
+        hooks = [(cast(StageBase, p), _overrides(p)) for p in parts]
+        self._on_dispatch = tuple(p for p, h in hooks if h[0])
+        self._on_first_token = tuple(p for p, h in hooks if h[1])
+        self._on_complete = tuple(p for p, h in hooks if h[2])
 
     def pick(
         self,
@@ -138,11 +173,15 @@ class PipelinePolicy(PolicyBase):
         return RouteDecision(candidates[i].name, scores=explain, reason=self.name)
 
     def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
-        for obs in self._observers:
-            obs.on_dispatch(request, replica, now)
+        for part in self._on_dispatch:
+            part.on_dispatch(request, replica, now)
+
+    def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
+        for part in self._on_first_token:
+            part.on_first_token(request, replica, now)
 
     def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
         if self.outliers is not None:
             self.outliers.record(replica, ok, now)
-        for obs in self._observers:
-            obs.on_complete(request, replica, now, cost_mu, ok)
+        for part in self._on_complete:
+            part.on_complete(request, replica, now, cost_mu, ok)

@@ -1,125 +1,172 @@
-"""Build routing policies by name from config: the same names in the gateway, the simulator and the CLI.
+"""Routing policies by name: the same names in the gateway, the simulator and the CLI.
 
-``build_policy(name, params)`` returns a fresh policy object (policies keep state: never share one between
-deployments). Every policy accepts ``outlier`` (a mapping of ``OutlierConfig`` fields, ``{"enabled": false}``
-to turn ejection off); the other parameters are per policy and listed in docs/routing.md. Unknown names or
-parameters raise ``ValueError`` so a typo in config fails at start-up, not silently.
+``POLICIES`` maps a policy name to (factory, Params); ``POLICY_NAMES`` is its list of names, and config
+validates ``routing`` through a discriminated union on ``policy`` built from it (``fleetgate.config``), so a
+name or parameter that does not exist fails at start-up with the field's path, not silently.
+``build_policy(name, params, profile=...)`` returns a fresh policy object (policies keep state: never share
+one between deployments); ``profile`` is the deployment's cost profile (loaded outside core). Every policy
+has an ``outlier`` block (``{"enabled": false}`` turns ejection off). The parts policies are made of
+(filters, scorers, pickers) are registered in ``core.routing.parts``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from pydantic import Field, field_validator, model_validator
+
+from fleetgate.core.plugins import PluginParams, Registry
 from fleetgate.core.routing.base import RoutingPolicy
-from fleetgate.core.routing.filters import RandomSampleFilter, RoutableFilter
-from fleetgate.core.routing.outlier import OutlierConfig, OutlierDetector
-from fleetgate.core.routing.pickers import MaxScorePicker, RandomPicker, RoundRobinPicker
+from fleetgate.core.routing.cache_aware import CacheAwarePolicy
+from fleetgate.core.routing.fleetgate import FleetgateParams, FleetgatePolicy
+from fleetgate.core.routing.parts import (
+    FILTERS,
+    PICKERS,
+    SCORERS,
+    OutlierParams,
+    PartContext,
+    ScorerSpec,
+    build_scorers,
+    scorer_list,
+)
+from fleetgate.core.routing.pickers.max_score import TieBreak
 from fleetgate.core.routing.pipeline import PipelinePolicy, Scorer
-from fleetgate.core.routing.scorers import InflightRequestsScorer, KvUsageScorer, QueueLengthScorer
-
-POLICY_NAMES: tuple[str, ...] = ("random", "round_robin", "least_requests", "p2c", "cache_aware", "fleetgate")
+from fleetgate.core.units import DEFAULT_PROFILE, CostProfile
 
 
-#: Scorer plug-ins by name: ``least_requests`` and ``p2c`` accept ``scorers: {name: weight}``.
-SCORERS: dict[str, Callable[[], Scorer]] = {
-    "inflight_requests": InflightRequestsScorer,
-    "queue_length": QueueLengthScorer,
-    "kv_usage": KvUsageScorer,
-}
+class _PolicyParams(PluginParams):
+    outlier: OutlierParams = Field(default_factory=OutlierParams, description="Outlier ejection.")
 
 
-def _scorers(params: dict[str, Any], default: str) -> list[tuple[Scorer, float]]:
-    spec = params.pop("scorers", None) or {default: 1.0}
-    if not isinstance(spec, Mapping):
-        raise ValueError("scorers must map scorer names to weights")
-    out = []
-    for name, weight in spec.items():
-        if name not in SCORERS:
-            raise ValueError(f"unknown scorer {name!r}; choose from: {', '.join(sorted(SCORERS))}")
-        if float(weight) < 0:
-            raise ValueError("scorer weights must be >= 0")
-        out.append((SCORERS[name](), float(weight)))
-    if not any(w > 0 for _, w in out):
-        raise ValueError("at least one scorer needs a positive weight")
-    return out
+class RandomPolicyParams(_PolicyParams):
+    """Uniform random choice among routable replicas."""
 
 
-def _outliers(params: dict[str, Any]) -> OutlierDetector | None:
-    cfg = OutlierConfig.from_params(params.pop("outlier", None))
-    return OutlierDetector(cfg) if cfg.enabled else None
+class RoundRobinPolicyParams(_PolicyParams):
+    """Round robin over routable replicas in stable name order."""
 
 
-def _check_empty(name: str, params: Mapping[str, Any]) -> None:
-    if params:
-        raise ValueError(f"unknown parameter(s) for routing policy {name!r}: {', '.join(sorted(params))}")
+class _ScoredParams(_PolicyParams):
+    scorers: list[ScorerSpec] = Field(
+        default_factory=list,
+        description="Weighted scorers (`[{type: kv_usage, weight: 1}]`, or the short form "
+        "`{kv_usage: 1, queue_length: 1}`); empty: the policy's default scorer.",
+    )
+
+    _short_form = field_validator("scorers", mode="before")(scorer_list)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> _ScoredParams:
+        if self.scorers and not any(s.weight > 0 for s in self.scorers):
+            raise ValueError("at least one scorer needs a positive weight")
+        return self
 
 
-def _random(params: dict[str, Any]) -> RoutingPolicy:
-    det = _outliers(params)
-    _check_empty("random", params)
-    return PipelinePolicy("random", [RoutableFilter(det)], [], RandomPicker(), outliers=det)
+class LeastRequestsParams(_ScoredParams):
+    """Highest weighted score among routable replicas (default scorer: `inflight_requests`)."""
+
+    tie_break: TieBreak = Field(default="random", description="Ties: `random` (seeded) or `first` (stable).")
 
 
-def _round_robin(params: dict[str, Any]) -> RoutingPolicy:
-    det = _outliers(params)
-    _check_empty("round_robin", params)
-    return PipelinePolicy("round_robin", [RoutableFilter(det)], [], RoundRobinPicker(), outliers=det)
+class P2cParams(_ScoredParams):
+    """Power of `choices` choices: the best-scoring of a random sample (default scorer: `queue_length`)."""
+
+    choices: int = Field(default=2, ge=1, description="Replicas sampled per request.")
 
 
-def _least_requests(params: dict[str, Any]) -> RoutingPolicy:
-    det = _outliers(params)
-    tie_break = params.pop("tie_break", "random")
-    scorers = _scorers(params, "inflight_requests")
-    _check_empty("least_requests", params)
+class CacheAwareParams(_PolicyParams):
+    """SGLang-router-style cache-aware routing (`core.routing.cache_aware`), with its launch defaults."""
+
+    cache_threshold: float = Field(default=0.3, ge=0, le=1, description="Match ratio that routes by cache.")
+    balance_abs_threshold: int = Field(default=64, ge=0, description="Imbalance: max - min in-flight above.")
+    balance_rel_threshold: float = Field(default=1.5, ge=1, description="Imbalance: and max above x min.")
+    eviction_interval_s: float = Field(default=60.0, description="Seconds between tree trims.")
+    max_tree_size: int = Field(default=2**26, description="Tree size after a trim (characters).")
+
+
+POLICIES: Registry[RoutingPolicy] = Registry("routing policy")
+
+
+def _pipeline(
+    name: str,
+    params: _PolicyParams,
+    profile: CostProfile,
+    filters: list[tuple[str, Mapping[str, Any]]],
+    picker: tuple[str, Mapping[str, Any]],
+    default_scorer: str | None = None,
+) -> PipelinePolicy:
+    """A ``PipelinePolicy`` of registered parts (``default_scorer`` when ``params`` lists no scorers)."""
+    ctx = PartContext(profile=profile, outliers=params.outlier.detector())
+    parts = [FILTERS.build(f, p, ctx) for f, p in filters]
+    scorers: list[tuple[Scorer, float]] = []
+    if isinstance(params, _ScoredParams) and params.scorers:
+        scorers = build_scorers(params.scorers, ctx)
+    elif default_scorer is not None:
+        scorers = [(SCORERS.build(default_scorer, None, ctx), 1.0)]
     return PipelinePolicy(
+        name, parts, scorers, PICKERS.build(picker[0], picker[1], ctx), outliers=ctx.outliers
+    )
+
+
+@POLICIES.register("random", RandomPolicyParams)
+def _random(params: RandomPolicyParams, profile: CostProfile = DEFAULT_PROFILE) -> RoutingPolicy:
+    return _pipeline("random", params, profile, [("routable", {})], ("random", {}))
+
+
+@POLICIES.register("round_robin", RoundRobinPolicyParams)
+def _round_robin(params: RoundRobinPolicyParams, profile: CostProfile = DEFAULT_PROFILE) -> RoutingPolicy:
+    return _pipeline("round_robin", params, profile, [("routable", {})], ("round_robin", {}))
+
+
+@POLICIES.register("least_requests", LeastRequestsParams)
+def _least_requests(params: LeastRequestsParams, profile: CostProfile = DEFAULT_PROFILE) -> RoutingPolicy:
+    return _pipeline(
         "least_requests",
-        [RoutableFilter(det)],
-        scorers,
-        MaxScorePicker(tie_break),
-        outliers=det,
+        params,
+        profile,
+        [("routable", {})],
+        ("max_score", {"tie_break": params.tie_break}),
+        "inflight_requests",
     )
 
 
-def _p2c(params: dict[str, Any]) -> RoutingPolicy:
-    det = _outliers(params)
-    k = int(params.pop("choices", 2))
-    scorers = _scorers(params, "queue_length")
-    _check_empty("p2c", params)
-    return PipelinePolicy(
+@POLICIES.register("p2c", P2cParams)
+def _p2c(params: P2cParams, profile: CostProfile = DEFAULT_PROFILE) -> RoutingPolicy:
+    return _pipeline(
         "p2c",
-        [RoutableFilter(det), RandomSampleFilter(k)],
-        scorers,
-        MaxScorePicker("random"),
-        outliers=det,
+        params,
+        profile,
+        [("routable", {}), ("random_sample", {"k": params.choices})],
+        ("max_score", {"tie_break": "random"}),
+        "queue_length",
     )
 
 
-def _cache_aware(params: dict[str, Any]) -> RoutingPolicy:
-    from fleetgate.core.routing.cache_aware import build_cache_aware
-
-    return build_cache_aware(params, _outliers(params))
-
-
-def _fleetgate(params: dict[str, Any]) -> RoutingPolicy:
-    from fleetgate.core.routing.fleetgate import build_fleetgate
-
-    return build_fleetgate(params, _outliers(params))
-
-
-_BUILDERS: dict[str, Callable[[dict[str, Any]], RoutingPolicy]] = {
-    "random": _random,
-    "round_robin": _round_robin,
-    "least_requests": _least_requests,
-    "p2c": _p2c,
-    "cache_aware": _cache_aware,
-    "fleetgate": _fleetgate,
-}
+@POLICIES.register("cache_aware", CacheAwareParams)
+def _cache_aware(params: CacheAwareParams, profile: CostProfile = DEFAULT_PROFILE) -> RoutingPolicy:
+    return CacheAwarePolicy(
+        cache_threshold=params.cache_threshold,
+        balance_abs_threshold=params.balance_abs_threshold,
+        balance_rel_threshold=params.balance_rel_threshold,
+        eviction_interval_s=params.eviction_interval_s,
+        max_tree_size=params.max_tree_size,
+        outliers=params.outlier.detector(),
+    )
 
 
-def build_policy(name: str, params: Mapping[str, Any] | None = None) -> RoutingPolicy:
-    """A new policy called ``name`` (one of ``POLICY_NAMES``) configured by ``params``."""
-    builder = _BUILDERS.get(name)
-    if builder is None:
-        raise ValueError(f"unknown routing policy {name!r}; choose one of: {', '.join(POLICY_NAMES)}")
-    return builder(dict(params or {}))
+@POLICIES.register("fleetgate", FleetgateParams)
+def _fleetgate(params: FleetgateParams, profile: CostProfile = DEFAULT_PROFILE) -> RoutingPolicy:
+    ctx = PartContext(profile=profile, rate_tau_s=params.rate_tau_s)
+    return FleetgatePolicy(
+        params, profile, outliers=params.outlier.detector(), scorers=build_scorers(params.scorers, ctx)
+    )
+
+
+POLICY_NAMES: tuple[str, ...] = POLICIES.names()
+
+
+def build_policy(name: str, params: Any = None, *, profile: CostProfile = DEFAULT_PROFILE) -> RoutingPolicy:
+    """A new policy called ``name`` (one of ``POLICY_NAMES``) configured by ``params`` (its ``Params`` or a
+    mapping validated as one), estimating costs with ``profile`` (the deployment's)."""
+    return POLICIES.build(name, params, profile)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from fleetgate.core.plugins import PluginParams
 from fleetgate.core.routing.outlier import OutlierDetector
-from fleetgate.core.routing.pipeline import PickContext
+from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
 
 _HEALTHY = HealthState.HEALTHY
@@ -35,7 +36,11 @@ def routable(
     return out
 
 
-class RoutableFilter:
+class RoutableParams(PluginParams):
+    """Only replicas that may take a new request: healthy or suspect, not draining, not ejected, not tried."""
+
+
+class RoutableFilter(StageBase):
     """Keeps replicas that may take a new request (see ``routable``)."""
 
     name = "routable"
@@ -51,6 +56,3 @@ class RoutableFilter:
     def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
         if self.outliers is not None and self.outliers.blocking:
             self.outliers.on_dispatch(replica, now)
-
-    def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
-        """Outcomes reach the detector through the policy (``PipelinePolicy.on_complete``)."""

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from fleetgate.core.routing.pipeline import PickContext
+from pydantic import Field
+
+from fleetgate.core.plugins import PluginParams
+from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo
 
 
-class RandomSampleFilter:
+class RandomSampleParams(PluginParams):
+    """A uniform random sample of `k` candidates (power of k choices)."""
+
+    k: int = Field(default=2, ge=1, description="Candidates kept.")
+
+
+class RandomSampleFilter(StageBase):
     """Keeps ``k`` distinct candidates drawn uniformly with the injected rng (all of them if fewer)."""
 
     name = "random_sample"

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fleetgate.core.routing.pipeline import PickContext
+from pydantic import Field
+
+from fleetgate.core.plugins import PluginParams
+from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.types import ReplicaSnapshot
 
 TieBreak = Literal["random", "first"]
 
 
-class MaxScorePicker:
+class MaxScoreParams(PluginParams):
+    """The highest combined score wins."""
+
+    tie_break: TieBreak = Field(default="random", description="Ties: `random` (seeded) or `first` (stable).")
+
+
+class MaxScorePicker(StageBase):
     """Index of the best score; ``tie_break`` ``random`` spreads equal candidates, ``first`` is stable."""
 
     name = "max_score"

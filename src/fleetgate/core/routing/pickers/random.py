@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from fleetgate.core.routing.pipeline import PickContext
+from fleetgate.core.plugins import PluginParams
+from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.types import ReplicaSnapshot
 
 
-class RandomPicker:
+class RandomPickerParams(PluginParams):
+    """A uniform random choice."""
+
+
+class RandomPicker(StageBase):
     name = "random"
 
     def pick(self, candidates: list[ReplicaSnapshot], scores: list[float] | None, ctx: PickContext) -> int:

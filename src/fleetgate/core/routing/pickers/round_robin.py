@@ -6,11 +6,16 @@ make it skip or repeat others: the next pick is the first candidate after that n
 
 from __future__ import annotations
 
-from fleetgate.core.routing.pipeline import PickContext
+from fleetgate.core.plugins import PluginParams
+from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.types import ReplicaSnapshot
 
 
-class RoundRobinPicker:
+class RoundRobinParams(PluginParams):
+    """Round robin in stable name order."""
+
+
+class RoundRobinPicker(StageBase):
     name = "round_robin"
 
     def __init__(self) -> None:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from fleetgate.core.routing.pipeline import PickContext
+from fleetgate.core.plugins import PluginParams
+from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.routing.scorers.normalize import lower_is_better
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo
 
 
-class InflightRequestsScorer:
+class InflightRequestsParams(PluginParams):
+    """Fewer in-flight requests (the gateway's own count) scores higher."""
+
+
+class InflightRequestsScorer(StageBase):
     """Fewer in-flight requests scores higher (min-max scaled)."""
 
     name = "inflight_requests"

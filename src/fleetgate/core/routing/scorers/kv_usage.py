@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from fleetgate.core.routing.pipeline import PickContext
+from fleetgate.core.plugins import PluginParams
+from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo
 
 
-class KvUsageScorer:
+class KvUsageParams(PluginParams):
+    """Lower scraped KV-cache usage scores higher (unknown: 0.5)."""
+
+
+class KvUsageScorer(StageBase):
     """``1 - kv_usage`` as scraped (already in [0, 1]); unknown usage scores 0.5 (neither good nor bad)."""
 
     name = "kv_usage"

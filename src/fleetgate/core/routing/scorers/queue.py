@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fleetgate.core.routing.pipeline import PickContext
+from fleetgate.core.plugins import PluginParams
+from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.routing.scorers.normalize import lower_is_better
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo
 
@@ -19,7 +20,11 @@ def queue_length(r: ReplicaSnapshot) -> float:
     return float(max(engine, r.inflight_requests))
 
 
-class QueueLengthScorer:
+class QueueLengthParams(PluginParams):
+    """Shorter queue (engine waiting + running when scraped, else in-flight) scores higher."""
+
+
+class QueueLengthScorer(StageBase):
     """Shorter queue scores higher (min-max scaled)."""
 
     name = "queue_length"

@@ -1,0 +1,68 @@
+"""Leader or spill: stay with the replica that holds the prompt unless another would be much faster.
+
+The *leader* is the replica expected to hold the longest prefix of the prompt (with ``sticky_cache``; ties go
+to the faster one), or, when none holds ``sticky_min_blocks`` blocks, the fastest replica of the key's
+affinity subset (ring order breaks ties). It wins unless the fastest candidate overall would be much faster:
+
+    leader_ttft > factor * best_ttft + slack   ->   the fastest takes it (a *spill*)
+
+with ``spill_factor`` / ``spill_slack_s`` when the leader holds part of the prompt, and the tighter
+``spill_factor_new`` / ``spill_slack_new_s`` when nothing of it is cached anywhere (the subset then only keeps
+keys apart; the cache leader will find the next turn wherever this one goes). Inputs are TTFT estimates in
+seconds (``scorers.ttft``), so this picker belongs to the ``fleetgate`` policy.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from fleetgate.core.plugins import PluginParams
+from fleetgate.core.routing.pipeline import StageBase
+
+
+class LeaderSpillParams(PluginParams):
+    """When the leader (cache holder or affinity subset) gives way to a faster replica."""
+
+    spill_factor: float = Field(
+        default=1.5, ge=1.0, description="Spill when leader TTFT > factor x best + slack."
+    )
+    spill_slack_s: float = Field(default=0.5, ge=0, description="The slack of `spill_factor` (seconds).")
+    spill_factor_new: float = Field(
+        default=1.05, ge=1.0, description="`spill_factor` when nothing of the prompt is cached anywhere."
+    )
+    spill_slack_new_s: float = Field(
+        default=0.0, ge=0, description="The slack of `spill_factor_new` (seconds)."
+    )
+    sticky_cache: bool = Field(default=True, description="The replica holding most of the prompt leads.")
+    sticky_min_blocks: int = Field(default=1, description="Cached blocks that make a replica the leader.")
+
+
+class LeaderSpillPicker(StageBase):
+    """The leader-or-spill rule (see the module docstring); counts its spills."""
+
+    name = "leader_spill"
+
+    def __init__(self, params: LeaderSpillParams) -> None:
+        self.params = params
+        self.spill_factor = params.spill_factor
+        self.spill_slack_s = params.spill_slack_s
+        self.spill_factor_new = params.spill_factor_new
+        self.spill_slack_new_s = params.spill_slack_new_s
+        self.sticky_cache = params.sticky_cache
+        self.sticky_min_blocks = params.sticky_min_blocks
+        self.spills = 0
+
+    def choose(
+        self, sub_i: int, sub_t: float, deep_i: int, deep_d: int, deep_t: float, best_i: int, best_t: float
+    ) -> tuple[int, float, str]:
+        """``(index, ttft, reason)`` from the subset's fastest (``sub_*``), the deepest cache holder
+        (``deep_*``, ``deep_i < 0`` for none) and the fastest overall (``best_*``)."""
+        if deep_i >= 0 and deep_d >= self.sticky_min_blocks:
+            sub_i, sub_t = deep_i, deep_t  # the replica expected to hold the most of the prompt leads
+            factor, slack_s = self.spill_factor, self.spill_slack_s
+        else:
+            factor, slack_s = self.spill_factor_new, self.spill_slack_new_s
+        if sub_i >= 0 and sub_t <= factor * best_t + slack_s:
+            return sub_i, sub_t, "fleetgate:affinity"
+        self.spills += 1
+        return best_i, best_t, "fleetgate:spill"
