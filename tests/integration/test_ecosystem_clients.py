@@ -366,3 +366,18 @@ def test_litellm_function_calling(gateway: str, monkeypatch: pytest.MonkeyPatch)
     assert message.tool_calls[0].function.name == "get_weather"
     args = json.loads(message.tool_calls[0].function.arguments)
     assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
+
+
+def test_examples_sdk_demos_run(gateway: str) -> None:
+    """examples/sdk_demos.py (what README points `fleetgate up` users to) runs as written."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "sdk_demos.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), gateway, KEY], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "parse: name=" in proc.stdout and "tool call: get_weather {'city':" in proc.stdout
+    assert "langchain tools: [{'name': 'get_weather'" in proc.stdout
