@@ -123,11 +123,13 @@ def test_llama_replica_crash_and_sim_stall_mid_stream_are_continued(
     kinds: dict[str, int] = {}
     for i, got in enumerate(results):
         assert got["errors"] == [] and got["done"] and got["dones"] == 1, got
-        assert len(got["ids"]) == 1 and len(got["created"]) == 1 and got["roles"] == 1
+        assert len(got["ids"]) == 1 and got["roles"] == 1
         render = render_chat_prompt(_messages(i))
         salted = "\x001\x000\x00" + render  # the simulated engine's text for seed 1, choice 0
         path = splice(salted, stamps[i][1], got["text"], TOKENS)
         assert path is not None, (i, got["text"][:300])
+        if path[0] == "sim":  # (llama-server stamps each chunk with the second it was sent in)
+            assert len(got["created"]) == 1
         key = "+".join(path)
         kinds[key] = kinds.get(key, 0) + 1
         usage = got["usage"]

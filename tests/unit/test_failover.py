@@ -164,3 +164,35 @@ def test_tracker_sees_tool_calls_and_holds_back_in_band_errors() -> None:
     assert tracker.refusal() == "tool_calls"
     err = b'data: {"error": {"message": "engine died", "type": "server_error"}}\n\n'
     assert tracker.feed(err) == b"" and tracker.error is not None and tracker.error_raw == err
+
+
+def test_tracker_keeps_escaped_and_unicode_text_exactly() -> None:
+    """Plain chunks are recorded as the engine's JSON string literals (decoded only on a break): quotes,
+    backslashes, unicode and engines that put spaces in their JSON all come back as the text sent."""
+    pieces = [' say "hi"', " back\\slash", ' \\\\"', " caf\u00e9 \u4e2d", "\n", " end\\"]
+    tracker = FailoverTracker("chat")
+    raw = _chunk("a", 1, {"role": "assistant", "content": ""})
+    raw += b"".join(_chunk("a", 1, {"content": p}) for p in pieces)
+    spaced = (
+        b'data: {"id": "a", "choices": [{"index": 0, "delta": {"content": " spaced"}, '
+        b'"finish_reason": null}]}\n\n'
+    )
+    assert tracker.feed(raw) == raw and tracker.feed(spaced) == spaced
+    assert tracker.text == "".join(pieces) + " spaced"
+    assert tracker.produced == len(pieces) + 1
+    comp = FailoverTracker("completions")
+    obj = {"id": "c", "object": "text_completion", "created": 1, "model": "m"}
+    for text in (" one", ' "two"'):
+        event = {**obj, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]}
+        comp.feed(b"data: " + orjson.dumps(event) + b"\n\n")
+    assert comp.text == ' one "two"' and comp.produced == 2
+
+
+def test_continuation_chunks_are_rewritten_even_when_whole_and_the_same_size() -> None:
+    tracker = FailoverTracker("chat")
+    tracker.feed(_chunk("a", 1, {"role": "assistant", "content": ""}) + _chunk("a", 1, {"content": " x"}))
+    tracker.end_attempt("r0")
+    whole = _chunk("b", 2, {"content": " y"}) + _chunk("b", 2, {"content": " z"})
+    out = tracker.feed(whole)
+    assert {orjson.loads(e.data)["id"] for e in parse_all(out)} == {"a"}
+    assert tracker.feed(_chunk("b", 2, {"content": " w"})).count(b'"id":"a"') == 1

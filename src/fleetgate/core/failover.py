@@ -95,8 +95,10 @@ class FailoverTracker:
         "_base",
         "_client_prompt",
         "_parser",
+        "_parts",
         "_pending",
         "_produced_before",
+        "_text_key",
         "attempt_events",
         "attempt_usage",
         "attempts",
@@ -112,7 +114,6 @@ class FailoverTracker:
         "finish_reason",
         "id",
         "model",
-        "pieces",
         "produced",
         "reasoning",
         "role_sent",
@@ -140,7 +141,8 @@ class FailoverTracker:
         self.error: dict[str, Any] | None = None
         self.error_raw = b""
         self.data_events = 0
-        self.pieces: list[str] = []  # the text sent to the client, in order
+        self._parts: list[str] = []  # the text sent to the client, in order, as JSON string literals
+        self._text_key = '"content":"' if endpoint == "chat" else '"text":"'
         self.produced = 0  # content events sent to the client: one per generated token
         self.attempt_events = 0  # content events of the current upstream stream
         self.attempt_usage: Usage | None = None  # usage the current upstream stream reported
@@ -165,36 +167,62 @@ class FailoverTracker:
 
     @property
     def text(self) -> str:
-        return "".join(self.pieces)
+        """The text sent to the client so far."""
+        if not self._parts:
+            return ""
+        return "".join(orjson.loads("[" + ",".join(self._parts) + "]"))
 
     def feed(self, chunk: bytes) -> bytes:
         """Consume upstream bytes; return the whole events to forward (possibly rewritten)."""
         events = self._parser.feed(chunk)
-        self._pending += chunk
+        if not self._pending and events and events[-1].end - self._base == len(chunk):
+            # the common case: the chunk holds whole events only (engines write one or more per chunk)
+            if len(events) == 1:
+                kept = self._event(events[0].data, chunk)
+                self._base += len(chunk)
+                return chunk if kept is None else kept
+            pending = chunk
+        else:
+            self._pending += chunk
+            pending = bytes(self._pending)
         out = bytearray()
         cut = 0
+        changed = False
         for event in events:
             stop = event.end - self._base
-            raw = bytes(self._pending[cut:stop])
+            raw = pending[cut:stop]
             cut = stop
-            out += self._event(event.data, raw)
+            kept = self._event(event.data, raw)
+            if kept is None:
+                out += raw
+            else:
+                out += kept
+                changed = True
         if cut:
-            del self._pending[:cut]
-            self._base += cut
+            if pending is chunk:
+                self._base += cut
+            else:
+                del self._pending[:cut]
+                self._base += cut
+        if pending is chunk and not changed:
+            return chunk
         return bytes(out)
 
-    def _event(self, data: str, raw: bytes) -> bytes:
+    def _event(self, data: str, raw: bytes) -> bytes | None:
+        """Record one event; return ``None`` to forward its raw bytes, else what to forward instead."""
+        if self._fast(data):
+            return None
         if data == DONE_DATA:
             self.done = True
-            return raw
+            return None
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
             self.data_events += 1
-            return raw
+            return None
         if not isinstance(obj, dict):
             self.data_events += 1
-            return raw
+            return None
         err = obj.get("error")
         if isinstance(err, Mapping):  # held back: the stream is treated as broken (and maybe continued)
             self.error = dict(err)
@@ -250,15 +278,42 @@ class FailoverTracker:
             else:
                 piece = choice.get("text")
             if isinstance(piece, str) and piece:
-                self.pieces.append(piece)
+                self._parts.append(orjson.dumps(piece).decode())
                 self.produced += 1
                 self.attempt_events += 1
                 keep = True
         return keep
 
-    def _out(self, obj: dict[str, Any], raw: bytes) -> bytes:
+    def _fast(self, data: str) -> bool:
+        """A first stream's plain content chunk, recorded without decoding it: its text stays the JSON
+        string literal as the engine wrote it (decoded only if the stream breaks). False: decode it."""
+        if (
+            self.continuing
+            or self.id is None
+            or '"finish_reason":null' not in data
+            or any(mark in data for mark in _DECODE_MARKS)
+        ):
+            return False
+        key = self._text_key
+        start = data.find(key)
+        if start < 0:
+            return False
+        start += len(key) - 1  # the literal's opening quote
+        end = data.find('"', start + 1)
+        while end > 0 and _escaped(data, end):
+            end = data.find('"', end + 1)
+        if end < 0:
+            return False
+        self.data_events += 1
+        if end > start + 1:
+            self._parts.append(data[start : end + 1])
+            self.produced += 1
+            self.attempt_events += 1
+        return True
+
+    def _out(self, obj: dict[str, Any], raw: bytes) -> bytes | None:
         if not self.continuing:
-            return raw
+            return None
         obj["id"], obj["created"], obj["model"] = self.id, self.created, self.model
         if self.fingerprint is None:
             obj.pop("system_fingerprint", None)
@@ -346,6 +401,20 @@ class FailoverTracker:
         out += b"data: [DONE]\n\n"
         self.done = True
         return bytes(out)
+
+
+#: Chunks holding one of these are decoded (usage, errors, tool calls, reasoning, the role chunk, logprobs).
+_DECODE_MARKS = ('"usage"', '"error"', '"tool_calls"', '"reasoning', '"role"', '"logprobs":{')
+
+
+def _escaped(data: str, quote: int) -> bool:
+    """Whether the quote at ``quote`` is escaped (an odd number of backslashes before it)."""
+    n = 0
+    i = quote - 1
+    while i >= 0 and data[i] == "\\":
+        n += 1
+        i -= 1
+    return n % 2 == 1
 
 
 def usage_dict(usage: Usage) -> dict[str, Any]:

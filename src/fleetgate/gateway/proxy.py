@@ -696,6 +696,9 @@ class Proxy:
                 return b"", UpstreamTimeoutError(
                     f"replica {replica.name} continuation timed out", retryable=False
                 )
+            except UpstreamError as exc:  # could not reach it (the client raises these)
+                exc.retryable = False
+                return b"", exc
             except (aiohttp.ClientError, OSError) as exc:
                 return b"", UpstreamError(
                     f"replica {replica.name} continuation broke: {exc.__class__.__name__}", retryable=False
