@@ -117,3 +117,10 @@ def test_serve_start_up_errors_are_one_line(tmp_path: Path) -> None:
         assert expected in proc.stderr
         assert len(proc.stderr.strip().splitlines()) <= 2  # "invalid config: PATH" + the problem
     busy.close()
+
+
+def test_version_flag() -> None:
+    from fleetgate import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"fleetgate {__version__}"

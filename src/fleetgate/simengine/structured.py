@@ -10,6 +10,7 @@ Why: SDK and framework demos (``chat.completions.parse``, LangChain's ``with_str
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -222,15 +223,21 @@ class _Gen:
         return zlib.crc32(f"{self.salt}:{name}".encode()) % n
 
     def _number(self, schema: Mapping[str, Any], name: str, *, integer: bool) -> int | float:
-        low = schema.get("minimum", schema.get("exclusiveMinimum", 0))
-        high = schema.get("maximum", schema.get("exclusiveMaximum", low + 100))
-        low, high = float(low), float(high)
-        if "exclusiveMinimum" in schema:
-            low += 1
-        if "exclusiveMaximum" in schema:
-            high -= 1
-        value = low + self._pick(name, 1000) / 999 * max(0.0, high - low)
-        return int(min(max(round(value), low), high) if low <= high else low) if integer else round(value, 2)
+        low, low_open = _bound(schema, "minimum", "exclusiveMinimum")
+        high, high_open = _bound(schema, "maximum", "exclusiveMaximum")
+        if low is None:
+            low, low_open = (0.0 if high is None or high > 0 else high - 100.0), False
+        if high is None:
+            high, high_open = low + 100.0, False
+        pick = self._pick(name, 1000)
+        if integer:
+            lo = math.floor(low) + 1 if low_open else math.ceil(low)
+            hi = math.ceil(high) - 1 if high_open else math.floor(high)
+            return lo + pick % (hi - lo + 1) if hi >= lo else lo
+        value = round(low + (pick + 1) / 1001 * (high - low), 6)  # strictly inside open bounds
+        if (value <= low and low_open) or (value >= high and high_open) or not low <= value <= high:
+            value = (low + high) / 2
+        return value
 
     def _string(self, schema: Mapping[str, Any], name: str) -> str:
         fmt = schema.get("format")
@@ -242,6 +249,16 @@ class _Gen:
         while len(text) < low:
             text += "x"
         return text[: int(high)] if isinstance(high, int) else text
+
+
+def _bound(schema: Mapping[str, Any], inclusive: str, exclusive: str) -> tuple[float | None, bool]:
+    """A numeric bound and whether it is open (JSON Schema 2020 numbers, or draft 4's booleans)."""
+    value, flag = schema.get(inclusive), schema.get(exclusive)
+    if isinstance(flag, bool):
+        return (float(value), flag) if isinstance(value, int | float) else (None, False)
+    if isinstance(flag, int | float):
+        return float(flag), True
+    return (float(value), False) if isinstance(value, int | float) else (None, False)
 
 
 def _phrase(salt: int, words: int) -> str:
