@@ -47,9 +47,9 @@ from fleetgate.engines.calibration import (
     EngineProbe,
     Shape,
     calibrate_engine,
-    plot_calibration,
     process_tree_cpu_seconds,
 )
+from fleetgate.engines.calibration_plot import plot_calibration
 
 #: (input tokens, output tokens) shapes of each mix; none of them is a calibration design point.
 MIXES: dict[str, list[tuple[int, int]]] = {

@@ -1,27 +1,30 @@
 """Online engine calibration on a real llama.cpp replica: the gateway learns the prefill rate by itself.
 
-One ``llama-server`` (tiny model, 1 thread, 4 slots). ``fleetgate calibrate``'s sweep (a short design, wall
-clock) measures the replica's prefill rate as 1 / alpha; then ``fleetgate serve`` in front of the same replica
+One ``llama-server`` (tiny model, 1 thread, 4 slots). ``fleetgate calibrate``'s sweep (a short design, on the
+engine's CPU clock as ``--engine-pid`` does) gives the prefill cost the fit charges; it also measures the
+prefix-cache discount (cold vs shared-prefix runs). Then ``fleetgate serve`` in front of the same replica
 serves a dozen ordinary streamed requests of the calibration's prompt lengths (a replica's per-token prefill
-cost grows with the prompt: attention), and ``/admin/status`` must show a
-learned ``prefill_tokens_per_s`` within 25% of the calibrated one, from the engine's counters and from the
-first-token times alike. Figures are printed (``-s``) and recorded in docs/benchmarks.md.
+cost grows with the prompt: attention), and ``/admin/status`` must show a learned ``prefill_tokens_per_s``
+within 25% of what the calibration says those prompts cost (the learner's wall-clock rate divided by the
+engine's CPU share meanwhile, which is 1 on a quiet machine). Figures are printed (``-s``) and recorded in
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from engine_http import MODEL
+from engine_http import MODEL, scrape_metrics
 
 from fleetgate.core.calibrate import sweep_design
-from fleetgate.engines.calibration import calibrate_engine
+from fleetgate.engines.calibration import calibrate_engine, process_tree_cpu_seconds
 from fleetgate.engines.llama import EngineProcess, LlamaServerConfig, free_port, llama_server
 from real_engines import need_llama
 
@@ -44,6 +47,12 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]
         proc.stop()
 
 
+def _engine_busy_s(proc: EngineProcess) -> float:
+    """Wall seconds llama-server spent prefilling and generating (its own counters)."""
+    m = scrape_metrics(proc, timeout=10)
+    return m["llamacpp:prompt_seconds_total"] + m["llamacpp:tokens_predicted_seconds_total"]
+
+
 def _prompt(rng: random.Random, tag: str, words: int) -> str:
     """A prompt that shares nothing but the chat template with any other (no prefix-cache hits)."""
     return f"Request {tag} :" + "".join(" " + rng.choice(WORDS) for _ in range(words))
@@ -52,10 +61,17 @@ def _prompt(rng: random.Random, tag: str, words: int) -> str:
 def test_learned_prefill_rate_matches_calibration(replica: EngineProcess, start_gateway) -> None:  # type: ignore[no-untyped-def]
     t0 = time.monotonic()
     # output 1 isolates prefill (and keeps the sweep short): what a prompt costs is what the fit must say
-    design = sweep_design([64, 512, 1024], [1, 16], [4, 8])
+    design = sweep_design([64, 512, 1024], [1, 16], [8])  # one rung: 2x the slots saturates llama-server
     run = asyncio.run(
         calibrate_engine(
-            replica.url, MODEL, design=design, requests_per_worker=4, min_requests=16, progress=False
+            replica.url,
+            MODEL,
+            design=design,
+            requests_per_worker=4,
+            min_requests=16,
+            progress=False,
+            measure_cache=True,  # the prefix-cache discount, measured (see below)
+            busy_clock=lambda: process_tree_cpu_seconds(replica.pid),  # `--engine-pid`: robust when shared
         )
     )
     cal_s = time.monotonic() - t0
@@ -66,6 +82,7 @@ def test_learned_prefill_rate_matches_calibration(replica: EngineProcess, start_
     sizes = sorted({w for lad in run.ladders for w in lad["words"]}) * 4
     rng.shuffle(sizes)
     prompts: list[int] = []
+    cpu0, busy0 = process_tree_cpu_seconds(replica.pid), _engine_busy_s(replica)
     with httpx.Client(base_url=gw.url, timeout=60) as client:
         for i, words in enumerate(sizes):
             body = {
@@ -87,6 +104,10 @@ def test_learned_prefill_rate_matches_calibration(replica: EngineProcess, start_
         time.sleep(1.5)  # the scraper (0.5 s) sees the counters of the last quiet interval
         status = client.get("/admin/status").json()
     assert len(prompts) == len(sizes)
+    # The learner times the engine on the wall clock (what TTFT is made of); the calibration counted the
+    # engine's CPU seconds. On a shared machine the engine gets only a share of a core while it works:
+    # its CPU seconds over its own busy wall seconds (llama.cpp's prompt + generation time counters).
+    cpu_share = min((process_tree_cpu_seconds(replica.pid) - cpu0) / (_engine_busy_s(replica) - busy0), 1.0)
     calibrated = run.calibration.prefill_tokens_per_s(prompts)  # what the fit says these prompts cost
     assert calibrated is not None and calibrated > 0
     (row,) = [r for r in status["replicas"] if r["deployment"] == MODEL]
@@ -101,11 +122,22 @@ def test_learned_prefill_rate_matches_calibration(replica: EngineProcess, start_
         f"decode {row['decode_s_per_token']} s/token; drift vs the default profile {row['profile_drift']}"
     )
     print(json.dumps({"calibrated": calibrated, "learned": learned, "timing": timing, "counters": counters}))
+    print(
+        f"engine CPU share while serving the learned traffic: {cpu_share:.2f} (load {os.getloadavg()[0]:.1f})"
+    )
     assert row["prefill_rate_source"] == "counters"
-    for value in (learned, timing, counters):
-        assert value is not None
-        assert abs(value / calibrated - 1.0) <= 0.25, (value, calibrated)
+    assert learned is not None and timing is not None
+    # the learned rate, in the calibration's CPU terms, within 25%; the first-token fit within 40% (it also
+    # times the gateway, HTTP and the scheduler's wake-ups on the wall clock)
+    assert abs(learned / cpu_share / calibrated - 1.0) <= 0.25, (learned, cpu_share, calibrated)
+    assert abs(timing / cpu_share / calibrated - 1.0) <= 0.40, (timing, cpu_share, calibrated)
     assert row["decode_s_per_token"] is not None and row["decode_s_per_token"] > 0
+    # the prefix-cache term measured by the same calibration: llama.cpp restores a cached prefix almost free
+    cache = run.cache
+    assert cache is not None and cache["cached_tokens_per_request"] > 0.5 * cache["input_tokens"], cache
+    print(f"prefix cache: {cache}")
+    assert cache["cache_discount"] is not None and 0.0 <= cache["cache_discount"] <= 0.5, cache
+    assert run.calibration.profile.cache_discount == cache["cache_discount"]
     metrics = httpx.get(gw.url + "/metrics", timeout=10).text
     assert "fleetgate_engine_prefill_tokens_per_second{" in metrics
     assert "fleetgate_cost_profile_drift{" in metrics

@@ -193,3 +193,15 @@ def test_calibration_states_the_prefill_rate_the_learner_is_checked_against() ->
     )  # fmt: skip
     # per-token prefill cost grows with the prompt: the rate is lower for longer prompts
     assert quad.prefill_tokens_per_s([2048]) < quad.prefill_tokens_per_s([128])  # type: ignore[operator]
+
+
+def test_prefix_cache_discount_from_cold_and_cached_runs() -> None:
+    from fleetgate.core.calibrate import prefix_cache_discount
+
+    ms = [Measurement(i, o, 0.01 + i / 2000.0 + o * 0.004) for i in (32, 256, 1024) for o in (4, 32, 96)]
+    cal = fit_cost_profile(ms, random.Random(0), terms=())
+    full = 768 / 2000.0  # 768 cached tokens at full price
+    # the cache saved 90% of their price: a cached token costs 10% of alpha
+    assert prefix_cache_discount(1.0, 1.0 - 0.9 * full, 1024, 768, cal) == pytest.approx(0.1, abs=0.02)
+    assert prefix_cache_discount(1.0, 1.0 - 2 * full, 1024, 768, cal) == 0.0  # noise: clamped
+    assert prefix_cache_discount(1.0, 1.1, 1024, 768, cal) == 1.0  # no saving at all

@@ -484,3 +484,21 @@ def fit_cost_profile(
         mape_all=mape_all,
     )
     return replace(cal, profile=replace(profile, fit=cal.fit_report()))
+
+
+def prefix_cache_discount(
+    cold_s: float, cached_s: float, prompt_tokens: float, cached_tokens: float, calibration: Calibration
+) -> float:
+    """The fraction of alpha a prefix-cached prompt token still costs, from two measurements of one shape.
+
+    ``cold_s``/``cached_s``: replica seconds per request without and with ``cached_tokens`` of its
+    ``prompt_tokens`` served from the cache. The fit says what those tokens cost at full price (the prefill
+    of the whole prompt minus that of the uncached rest); the cache saved ``cold_s - cached_s`` of it.
+    Clamped to [0, 1] (noise can make a saving look larger than the full price, or negative).
+    """
+    full = calibration.prefill_seconds(prompt_tokens) - calibration.prefill_seconds(
+        prompt_tokens - cached_tokens
+    )
+    if full <= 0:
+        return 1.0
+    return min(max(1.0 - (cold_s - cached_s) / full, 0.0), 1.0)

@@ -22,7 +22,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,6 @@ from fleetgate.core.calibrate import (
     default_design,
     fit_cost_profile,
     mixed_design,
-    predicted_seconds,
 )
 from fleetgate.core.calibrate_plan import SweepPlan
 
@@ -58,6 +57,7 @@ class Shape:
 
     words: int
     output_tokens: int
+    shared_words: int = 0  #: a prefix of this many words, the same in every request of the probe
 
 
 @dataclass
@@ -180,8 +180,10 @@ class EngineProbe:
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._seq = itertools.count()
         self.nonce = nonce if nonce is not None else os.urandom(6).hex()
+        #: prompt tokens the engine reported served from its prefix cache, over every request sent
+        self.cached_tokens = 0
 
-    def prompt(self, words: int) -> str:
+    def prompt(self, words: int, shared_words: int = 0) -> str:
         """A prompt of ``words`` filler words that shares no prefix (and no long chunk) with any other.
 
         The head carries this probe's random nonce and the request number, so prompts never repeat across
@@ -194,13 +196,19 @@ class EngineProbe:
         uid = next(self._seq)
         rng = random.Random(f"{self.nonce}:{uid}")
         head = f"Request {self.nonce} {uid} :"
+        if shared_words > 0:  # the prefix-cache measurement: a long prefix every request repeats
+            shared = random.Random(f"{self.nonce}:shared")
+            head = f"Shared {self.nonce} :" + "".join(
+                " " + shared.choice(_WORDS) for _ in range(shared_words)
+            )
+            head += f" Request {uid} :"
         return head + "".join(" " + rng.choice(_WORDS) for _ in range(max(words, 0)))
 
     async def send(self, shape: Shape) -> tuple[int, int, float]:
         """One request; returns (prompt_tokens, completion_tokens, latency_s) from the engine's usage."""
         body = {
             "model": self.model,
-            "messages": [{"role": "user", "content": self.prompt(shape.words)}],
+            "messages": [{"role": "user", "content": self.prompt(shape.words, shape.shared_words)}],
             "max_tokens": shape.output_tokens,
             "min_tokens": shape.output_tokens,
             "temperature": 0.0,
@@ -230,6 +238,8 @@ class EngineProbe:
         latency = time.perf_counter() - t0
         try:
             usage = json.loads(text)["usage"]
+            details = usage.get("prompt_tokens_details") or {}
+            self.cached_tokens += int(details.get("cached_tokens") or 0)
             return int(usage["prompt_tokens"]), int(usage["completion_tokens"]), latency
         except (KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"engine response has no usable usage: {text[:300]}") from exc
@@ -393,6 +403,8 @@ class CalibrationRun:
     measurements: list[Measurement]
     ladders: list[dict[str, Any]]
     replica_clock: str = "wall"
+    #: the measured prefix-cache term (``engines.calibration_cache.CacheMeasurement.as_dict``), if measured
+    cache: dict[str, Any] | None = None
 
     def to_json(self, engine: str, model: str, quick: bool) -> dict[str, Any]:
         cal = self.calibration
@@ -416,6 +428,7 @@ class CalibrationRun:
                 "prefill_tokens_per_s": {
                     str(n): cal.prefill_tokens_per_s([n]) for n in PREFILL_REPORT_TOKENS
                 },
+                "cache_measurement": self.cache,
                 "holdout_indices": cal.holdout,
                 "measurements": [m.as_dict() for m in self.measurements],
                 "ladders": self.ladders,
@@ -443,6 +456,7 @@ async def calibrate_engine(
     jitter: float = 0.0,
     budget_s: float | None = None,
     progress_lines: bool | None = None,
+    measure_cache: bool = False,
 ) -> CalibrationRun:
     """Run the sweep against ``engine`` and fit the profile (see the module docstring).
 
@@ -450,6 +464,8 @@ async def calibrate_engine(
     replica time on the replica's own busy seconds instead of the wall clock. ``budget_s``: plan the sweep
     to this many seconds (``core.calibrate_plan``). ``progress_lines``: one plain line per shape with an
     ETA instead of the live bar (default: when stdout is not a terminal, e.g. in CI or a log file).
+    ``measure_cache``: also measure the prefix-cache discount (``engines.calibration_cache``) and put it in
+    the profile instead of the shipped 0.1.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -570,44 +586,23 @@ async def calibrate_engine(
         engine=engine,
         capacity_mu_per_min=capacity_mu_per_min,
     )
+    cache: dict[str, Any] | None = None
+    if measure_cache:
+        from fleetgate.engines.calibration_cache import measure_prefix_cache
+
+        measured = await measure_prefix_cache(
+            engine, model, cal, api_key=api_key, extra_body=extra_body, busy_clock=busy_clock
+        )
+        cache = measured.as_dict()
+        if measured.cache_discount is not None:
+            cal = replace(cal, profile=replace(cal.profile, cache_discount=measured.cache_discount))
     return CalibrationRun(
         calibration=cal,
         measurements=measurements,
         ladders=ladders,
         replica_clock="wall" if busy_clock is None else "busy (engine process CPU time)",
+        cache=cache,
     )
-
-
-def plot_calibration(run: CalibrationRun, path: Path, title: str = "") -> None:
-    """PNG of predicted vs measured replica seconds per request (train and held-out shapes)."""
-    from fleetgate.plots import pyplot
-
-    plt = pyplot()
-
-    cal = run.calibration
-    measured = [m.replica_seconds * 1000 for m in run.measurements]
-    # held-out points as the train-split fit predicted them (the shipped profile has seen them)
-    split = cal.split_profile or cal.profile
-    predicted = [float(v) * 1000 for v in predicted_seconds(split, run.measurements)]
-    fig, ax = plt.subplots(figsize=(5.5, 5.0), dpi=110)
-    for idx, label, marker in ((cal.train, "train", "o"), (cal.holdout, "held out", "s")):
-        ax.scatter([measured[i] for i in idx], [predicted[i] for i in idx], label=label, marker=marker)
-    lo = min([*measured, *predicted]) * 0.9
-    hi = max([*measured, *predicted]) * 1.1
-    ax.plot([lo, hi], [lo, hi], color="grey", linewidth=1, linestyle="--", label="y = x")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured replica ms / request (saturated)")
-    ax.set_ylabel("predicted by the train-split MU profile (ms)")
-    ax.set_title(
-        f"{title or cal.profile.name}\nheld-out R²={cal.r2_holdout:.3f}  MAPE={cal.mape_holdout:.1%}",
-        fontsize=10,
-    )
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def run_calibration(
@@ -649,7 +644,13 @@ def run_calibration(
     try:
         run = asyncio.run(
             calibrate_engine(
-                engine, model, quick=quick, busy_clock=clock, jitter=0.0 if quick else 0.3, budget_s=budget_s
+                engine,
+                model,
+                quick=quick,
+                busy_clock=clock,
+                jitter=0.0 if quick else 0.3,
+                budget_s=budget_s,
+                measure_cache=not quick,
             )
         )
     except CalibrationError as exc:
@@ -658,6 +659,8 @@ def run_calibration(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(run.to_json(engine, model, quick), indent=2) + "\n")
     if plot is not None:
+        from fleetgate.engines.calibration_plot import plot_calibration
+
         plot_calibration(run, plot, title=f"{model} @ {engine}")
     cal = run.calibration
     p = cal.profile
@@ -665,6 +668,11 @@ def run_calibration(
         f"alpha={p.alpha:.6g} beta={p.beta:.6g} gamma={p.gamma:.6g} delta={p.delta:.6g} "
         f"epsilon={p.epsilon:.6g} MU (capacity {p.capacity_mu_per_min:g} MU/min/replica)"
     )
+    if run.cache is not None:
+        typer.echo(
+            f"prefix cache: {run.cache['cached_tokens_per_request']:.0f} cached tokens per request; "
+            f"cache_discount={run.cache['cache_discount']} (shipped default 0.1)"
+        )
     rates = [(n, cal.prefill_tokens_per_s([n])) for n in PREFILL_REPORT_TOKENS]
     typer.echo(
         "prefill tokens/s per replica: "

@@ -1,0 +1,101 @@
+"""The prefix-cache term of a calibration, measured instead of assumed (``cache_discount``).
+
+Two saturated runs of the same shape back to back on the live engine: *cold* (prompts that share nothing, as
+in the main sweep) and *cached* (every prompt starts with the same long prefix, ``shared_fraction`` of its
+words, so the engine serves that part from its prefix cache; the engine's own ``cached_tokens`` says how
+much). The replica seconds saved, over what those cached tokens cost to prefill by the fitted profile, is
+the fraction the cache saves; ``cache_discount`` (the fraction of alpha a cached token still costs) is one
+minus it (``core.calibrate.prefix_cache_discount``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from fleetgate.core.calibrate import Calibration, prefix_cache_discount
+from fleetgate.engines.calibration import CalibrationError, EngineProbe, LevelResult, Shape
+
+
+@dataclass(frozen=True)
+class CacheMeasurement:
+    """The cold and cached runs and the discount they imply (``None``: the engine reported no hits)."""
+
+    input_tokens: float
+    output_tokens: float
+    cached_tokens_per_request: float
+    cold_replica_s: float
+    cached_replica_s: float
+    cache_discount: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_tokens_per_request": self.cached_tokens_per_request,
+            "cold_replica_s": self.cold_replica_s,
+            "cached_replica_s": self.cached_replica_s,
+            "cache_discount": self.cache_discount,
+            "method": "cold vs shared-prefix saturated runs of one shape; discount = 1 - saved / full price",
+        }
+
+
+async def measure_prefix_cache(
+    engine: str,
+    model: str,
+    calibration: Calibration,
+    *,
+    input_tokens: int = 1024,
+    output_tokens: int = 4,
+    shared_fraction: float = 0.75,
+    ladder: Sequence[int] = (4, 8),
+    requests_per_worker: int = 4,
+    min_requests: int = 16,
+    api_key: str | None = None,
+    extra_body: Mapping[str, Any] | None = None,
+    busy_clock: Callable[[], float] | None = None,
+) -> CacheMeasurement:
+    """Measure cold and cached replica seconds of one shape and derive the cache discount."""
+    if not 0.0 < shared_fraction < 1.0:
+        raise ValueError("shared_fraction must be in (0, 1)")
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        probe = EngineProbe(
+            session, engine, model, api_key=api_key, extra_body=extra_body, busy_clock=busy_clock
+        )
+        words = await probe.words_for(input_tokens)
+        shared = round(words * shared_fraction)
+        cold_shape = Shape(words, output_tokens)
+        cached_shape = Shape(words - shared, output_tokens, shared_words=shared)
+        await probe.send(cached_shape)  # the first request puts the shared prefix into the cache
+
+        async def run(shape: Shape) -> tuple[LevelResult, float]:
+            """The saturated run of ``shape`` and the cached prompt tokens per request it saw."""
+            before = probe.cached_tokens
+            sat = await probe.saturate(
+                lambda _i: shape, ladder, requests_per_worker=requests_per_worker, min_requests=min_requests
+            )
+            sent = sum(lv.requests for lv in sat.levels)
+            return sat.best, (probe.cached_tokens - before) / max(sent, 1)
+
+        cold, _ = await run(cold_shape)
+        cached, hit_tokens = await run(cached_shape)
+    cold_s, cached_s = 1.0 / cold.throughput_rps, 1.0 / cached.throughput_rps
+    prompt = cached.mean_prompt_tokens
+    if abs(prompt - cold.mean_prompt_tokens) > 0.1 * cold.mean_prompt_tokens:
+        raise CalibrationError(
+            f"cold and cached prompts differ in length ({cold.mean_prompt_tokens:.0f} vs {prompt:.0f} tokens)"
+        )
+    discount = None
+    if hit_tokens >= 1.0:
+        discount = prefix_cache_discount(cold_s, cached_s, prompt, hit_tokens, calibration)
+    return CacheMeasurement(
+        input_tokens=prompt,
+        output_tokens=cached.mean_completion_tokens,
+        cached_tokens_per_request=hit_tokens,
+        cold_replica_s=cold_s,
+        cached_replica_s=cached_s,
+        cache_discount=discount,
+    )
