@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from fleetgate.core.autoscale import build_autoscaler, replicas_for
-from fleetgate.core.units import load_profile
+from fleetgate.profiles import load_profile
 from fleetgate.sim.engine import perf_params_from_profile
 from fleetgate.sim.fluid import FluidConfig, FluidSimulator, Workload, workload_from_rates
 from fleetgate.sim.runner import parse_params

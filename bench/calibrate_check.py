@@ -42,7 +42,7 @@ from fleetgate.core.calibrate import (
     mixed_design,
     sweep_design,
 )
-from fleetgate.core.units import CostProfile, load_profile
+from fleetgate.core.units import CostProfile
 from fleetgate.engines.calibration import (
     EngineProbe,
     Shape,
@@ -50,6 +50,7 @@ from fleetgate.engines.calibration import (
     process_tree_cpu_seconds,
 )
 from fleetgate.engines.calibration_plot import plot_calibration
+from fleetgate.profiles import load_profile
 
 #: (input tokens, output tokens) shapes of each mix; none of them is a calibration design point.
 MIXES: dict[str, list[tuple[int, int]]] = {

@@ -70,8 +70,9 @@ import orjson
 import yaml
 
 from fleetgate.core.tokenize import count_tokens, render_chat_prompt
-from fleetgate.core.units import CostProfile, load_profile
+from fleetgate.core.units import CostProfile
 from fleetgate.engines.calibration import process_cpu_seconds
+from fleetgate.profiles import load_profile
 
 MODEL = "fleetgate-sim"
 GOLD_KEY = "sk-gold-bench"

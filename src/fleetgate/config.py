@@ -564,7 +564,7 @@ _STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 def config_problems(cfg: FleetgateConfig) -> list[str]:
     """Cross-field problems that make a config wrong wherever it runs, one line each with its path:
     duplicate names and keys, unknown cost profiles, an unsupported store URL."""
-    from fleetgate.core.units import load_profile
+    from fleetgate.profiles import load_profile
 
     problems: list[str] = []
     seen: dict[str, int] = {}

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fleetgate.core.units import load_profile
+from fleetgate.profiles import load_profile
 
 #: Small batch so that a quick ladder (up to 32 clients) saturates it; time-scaled to keep the test short.
 SIM_TIME_SCALE = "0.5"

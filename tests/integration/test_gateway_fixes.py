@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from fleetgate.config import DeploymentConfig, FleetgateConfig, GatewayConfig, load_config
-from fleetgate.core.units import DEFAULT_PROFILE, load_profile
+from fleetgate.core.units import DEFAULT_PROFILE
 from fleetgate.gateway.fleet import build_deployment
+from fleetgate.profiles import load_profile
 from fleetgate.providers.base import ReplicaInfo
 from fleetgate.runtime import SIM_COST_PROFILE, _up_config, build_gateway
 

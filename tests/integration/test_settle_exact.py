@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from fleetgate.core.openai import usage_from_mapping
-from fleetgate.core.units import load_profile
+from fleetgate.profiles import load_profile
 
 MODEL = "sim-model"
 PROFILE = "fleetgate-sim"

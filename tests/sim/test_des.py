@@ -13,7 +13,8 @@ from fleetgate.cli import app
 from fleetgate.core.autoscale import build_autoscaler
 from fleetgate.core.routing.base import PolicyBase
 from fleetgate.core.routing.registry import build_policy
-from fleetgate.core.units import DEFAULT_PROFILE, load_profile
+from fleetgate.core.units import DEFAULT_PROFILE
+from fleetgate.profiles import load_profile
 from fleetgate.sim.des import SimConfig, Simulator
 from fleetgate.sim.runner import SimOptions, json_dumps, run_des
 from fleetgate.sim.traces import Trace, TraceRequest, synthetic_trace

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fleetgate.core.autoscale import AutoscaleContext
-from fleetgate.core.units import load_profile
+from fleetgate.profiles import load_profile
 from fleetgate.sim.engine import perf_params_from_profile
 from fleetgate.sim.fluid import FluidConfig, FluidSimulator, workload_from_rates
 from fleetgate.sim.runner import SimOptions, choose_mode, run

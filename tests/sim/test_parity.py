@@ -36,7 +36,6 @@ from fleetgate.core.openai import parse_request
 from fleetgate.core.routing.base import PolicyBase
 from fleetgate.core.routing.registry import POLICY_NAMES, build_policy
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo, RouteDecision, Usage
-from fleetgate.core.units import load_profile
 from fleetgate.engines.metrics import EngineSignals
 from fleetgate.gateway.admission import OpenAdmission
 from fleetgate.gateway.app import create_app
@@ -44,6 +43,7 @@ from fleetgate.gateway.fleet import Deployment, Fleet
 from fleetgate.gateway.gate import GateShell
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.proxy import Proxy
+from fleetgate.profiles import load_profile
 from fleetgate.sim.des import SimConfig, Simulator
 from fleetgate.sim.engine import engine_factory
 from fleetgate.sim.traces import Trace, TraceRequest

@@ -14,7 +14,7 @@ from fleetgate.core.routing.fleetgate import FleetgatePolicy
 from fleetgate.core.routing.keys import KeyFunction, mix64, str_hash64
 from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
-from fleetgate.core.units import load_profile
+from fleetgate.profiles import load_profile
 
 
 def fleet(n: int, **kw: object) -> list[ReplicaSnapshot]:

@@ -13,10 +13,9 @@ from fleetgate.core.units import (
     LONG_INPUT_SCALE,
     CostProfile,
     OutputHistory,
-    bundled_profile_names,
     image_tokens_for,
-    load_profile,
 )
+from fleetgate.profiles import bundled_profile_names, load_profile
 
 P = CostProfile(name="t", alpha=0.002, beta=0.02, gamma=0.1, capacity_mu_per_min=100.0)
 

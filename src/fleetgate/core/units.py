@@ -17,18 +17,16 @@ engine flags by ``fleetgate calibrate`` or from published measurements)::
 
 ``input`` counts text prompt tokens; image tokens are charged separately (``image_tokens_for`` derives them
 from the model's patch geometry). Rate limits, reservations, router load and autoscaling all count in MU, so
-the same numbers mean the same thing everywhere. Pure: no clocks, no I/O beyond reading a profile file.
+the same numbers mean the same thing everywhere. Pure: no clocks, no I/O (profile files are read by
+``fleetgate.profiles``, outside core).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from fleetgate.core.types import RequestInfo, Usage
@@ -37,8 +35,6 @@ from fleetgate.core.types import RequestInfo, Usage
 LONG_INPUT_SCALE = 1_000_000.0
 #: Output length assumed when neither ``max_tokens`` nor any history is known.
 DEFAULT_OUTPUT_TOKENS = 256
-
-_PROFILE_DIR = "profiles"
 
 
 def image_tokens_for(
@@ -251,32 +247,6 @@ DEFAULT_PROFILE = CostProfile(
     capacity_mu_per_min=100.0,
     model="generic",
 )
-
-
-def bundled_profile_names() -> tuple[str, ...]:
-    """Names of the profiles shipped in ``fleetgate/profiles``."""
-    root = resources.files("fleetgate").joinpath(_PROFILE_DIR)
-    return tuple(sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json")))
-
-
-def load_profile(name_or_path: str | None) -> CostProfile:
-    """``None`` -> ``DEFAULT_PROFILE``; a bundled profile name (``llama2-70b-h100``); else a JSON path."""
-    if name_or_path is None or name_or_path == "default":
-        return DEFAULT_PROFILE
-    bundled = resources.files("fleetgate").joinpath(_PROFILE_DIR).joinpath(f"{name_or_path}.json")
-    if "/" not in name_or_path and bundled.is_file():
-        return CostProfile.from_dict(json.loads(bundled.read_text(encoding="utf-8")))
-    path = Path(name_or_path)
-    if not path.is_file():
-        raise ValueError(
-            f"unknown cost profile {name_or_path!r}: not a bundled profile "
-            f"({', '.join(bundled_profile_names()) or 'none'}) and not a JSON file"
-        )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"cost profile {name_or_path!r} is not valid JSON: {exc}") from exc
-    return CostProfile.from_dict(data)
 
 
 class OutputHistory:

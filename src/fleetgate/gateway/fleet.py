@@ -22,10 +22,11 @@ from fleetgate.core.routing.base import RoutingPolicy
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.tokenizer import Tokenizer
 from fleetgate.core.types import HealthState, RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
-from fleetgate.core.units import CostProfile, load_profile
+from fleetgate.core.units import CostProfile
 from fleetgate.engines.dialects import dialect
 from fleetgate.engines.metrics import EngineSignals
 from fleetgate.hf_tokenizer import load_tokenizer
+from fleetgate.profiles import load_profile
 
 log = logging.getLogger("fleetgate.gateway")
 

@@ -35,7 +35,7 @@ from fleetgate.core.engine_rates import EngineRateLearner
 from fleetgate.core.errors import ServiceUnavailableError
 from fleetgate.core.lifecycle import Lifecycle, LifecycleObserver, SortedOutputHistory
 from fleetgate.core.routing.base import RoutingPolicy
-from fleetgate.core.types import ReplicaSnapshot, RequestInfo, RouteDecision, Usage
+from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage
 from fleetgate.core.units import CostProfile
 from fleetgate.sim import metrics as M
 from fleetgate.sim.entities import (
@@ -96,9 +96,6 @@ class SimConfig:
     progress_every: int = 2000
     request_ids: Callable[[int], str] = field(default_factory=lambda: default_ids("r"))
     replica_ids: Callable[[int], str] = field(default_factory=lambda: default_ids("replica-"))
-    #: The engine ``priority`` the gateway sends with a request (``DeploymentConfig.engine_priority``);
-    #: ``None`` sends none (every request 0, FCFS).
-    engine_priority: Callable[[RequestInfo, RouteDecision], int] | None = None
 
 
 @dataclass(slots=True)
@@ -329,8 +326,7 @@ class Simulator:
         res = eng.advance(now)
         if res.finished or res.first_token or res.cached_tokens:
             self._handle_outputs(rep, res)
-        prio = 0 if self.cfg.engine_priority is None else self.cfg.engine_priority(info, decision)
-        eng.submit(engine_request(rid, tr.input_tokens, out_tokens, tr.hash_ids, prio, tr.block_tokens), now)
+        eng.submit(engine_request(rid, tr.input_tokens, out_tokens, tr.hash_ids, 0, tr.block_tokens), now)
         self._reschedule(rep)
 
     def _by_name(self, name: str) -> SimReplica:

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetgate.core.units import CostProfile, load_profile
+from fleetgate.core.units import CostProfile
+from fleetgate.profiles import load_profile
 from fleetgate.sim.traces import Trace, load_rate_table, load_trace
 
 #: ``--mode auto`` runs the discrete-event simulator up to this many requests, the fluid model beyond.
