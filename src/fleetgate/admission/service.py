@@ -372,8 +372,11 @@ class AdmissionService(AdmissionHooks):
                     locked = True
                 elif isinstance(cmd, Wake):
                     self._wake.set()
-                elif isinstance(cmd, AdjustCharges):
-                    raise AssertionError("settle rounds are run by _settle")
+                elif isinstance(cmd, AdjustCharges):  # a request on an estimate is charged its bound
+                    try:
+                        await self.store.adjust(cmd.deltas, now)
+                    except StoreUnavailableError:
+                        self.metrics.store_errors.labels(self.store.kind).inc()
             if r.entry is not None and r.entry.decision is None:
                 # registered before the lock is released, so the pass that decides it finds it
                 fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()

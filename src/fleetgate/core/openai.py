@@ -56,6 +56,7 @@ class ParsedRequest:
         session_key: str | None = None,
         arrival_s: float = 0.0,
         image_tokens: int = 0,
+        bound_mu: float | None = None,
     ) -> RequestInfo:
         """The core's view of this request."""
         return RequestInfo(
@@ -73,6 +74,7 @@ class ParsedRequest:
             prefix_block_tokens=self.block_tokens,
             image_tokens=image_tokens,
             arrival_s=arrival_s,
+            bound_mu=bound_mu,
         )
 
 

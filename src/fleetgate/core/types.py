@@ -67,6 +67,10 @@ class RequestInfo:
     prefix_block_tokens: int = 16
     image_tokens: int = 0
     arrival_s: float = 0.0
+    #: MU the request costs at most (its whole output budget: ``max_tokens``, else the context length);
+    #: ``None`` when unknown. Admission charges it instead of ``cost_mu`` while the tenant already has a
+    #: request in flight on an optimistic estimate (``core.admission.machine``).
+    bound_mu: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ import orjson
 from aiohttp import web
 
 from fleetgate.config import GatewayConfig
-from fleetgate.core.admission.settlement import bound_usage
+from fleetgate.core.admission.settlement import bound_usage, output_limit
 from fleetgate.core.errors import (
     FleetgateError,
     ServiceUnavailableError,
@@ -257,6 +257,9 @@ class Proxy:
         expected, cost = deployment.lifecycle.estimate(
             name, parsed.input_tokens, parsed.max_output_tokens, image_tokens
         )
+        # what it may cost at most (admission budgets it while the tenant has another on an estimate)
+        most = output_limit(parsed.max_output_tokens, deployment.config.context_tokens) or 0
+        bound = deployment.lifecycle.profile.cost(parsed.input_tokens, most, image_tokens=image_tokens)
         return parsed.request_info(
             request_id,
             tenant=name,
@@ -266,6 +269,7 @@ class Proxy:
             session_key=_session_key(request, parsed),
             arrival_s=now,
             image_tokens=image_tokens,
+            bound_mu=max(bound, cost),
         )
 
     async def _read_body(self, request: web.Request) -> bytes:

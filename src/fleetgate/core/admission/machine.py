@@ -16,6 +16,14 @@ in-memory buckets, and through it the simulator) never sequence the core themsel
 
 A round that touches the shared queue first yields ``Exclusive``; only the first try of a request while
 nothing waits (``try_alone``) runs without it, since stores charge atomically and there is no order to keep.
+
+Estimates below the bound (issue 22, finding 4)
+    A request's estimate (``cost_mu``) may use the tenant's output history and be far below what the
+    request can cost (``bound_mu``: its whole ``max_tokens``, else the context). Each (tenant, deployment)
+    may have *one* request on such an estimate at a time; any other is charged its bound (refunded to the
+    actual cost at settle). When another request arrives while that one runs, the one is charged the rest
+    of its bound first (``AdjustCharges``), so every request in flight but the newest is budgeted in full
+    and a meter admits at most its limit plus one request per window, however the history was gamed.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 
-from fleetgate.core.admission.buckets import Charge, TakeOutcome
+from fleetgate.core.admission.buckets import Charge, ChargeKind, TakeOutcome
 from fleetgate.core.admission.decisions import Decision, Reason, settle_deltas
 from fleetgate.core.admission.planning import (
     AdmissionSettings,
@@ -118,6 +126,15 @@ class Round:
         return None if self.entry is None else self.entry.decision
 
 
+@dataclass(slots=True, eq=False)
+class _Exposure:
+    """The request of a (tenant, deployment) admitted (or queued) on an estimate below its bound."""
+
+    entry: QueueEntry
+    gap: float  # bound - estimate
+    upgraded: bool = False  # charged the gap since (another request of the tenant arrived)
+
+
 class AdmissionMachine:
     """Queue, fairness and decisions (``AdmissionCore``) behind one command protocol.
 
@@ -134,6 +151,7 @@ class AdmissionMachine:
         self.capacity_of: Callable[[str], CapacityView | None] = capacity_of or (lambda _m: None)
         self.closed = False
         self._next_wake: float | None = None  # nothing can change before then unless something arrives
+        self._exposed: dict[tuple[str, str], _Exposure] = {}
 
     @property
     def queued(self) -> int:
@@ -184,12 +202,17 @@ class AdmissionMachine:
         """Whoever waited for ``entry`` gave up before it was decided: it leaves the queue."""
         if entry.decision is None:
             self.core.queue.remove(entry)
+            key = (entry.tenant.name, entry.request.model)
+            held = self._exposed.get(key)
+            if held is not None and held.entry is entry:
+                del self._exposed[key]
 
     # --------------------------------------------------------------------------------------- internals
     def _submit(self, entry: QueueEntry, now: float, try_alone: bool) -> Generator[Command, _Reply, None]:
         core = self.core
         if core.immediate(entry, now) is not None:
             return
+        yield from self._budget(entry)
         if try_alone and len(core.queue) == 0:
             # Nobody waits, so no order to keep; concurrent takes are atomic in the store.
             yield from self._run(core.pump(now, self.capacity_of, entry), now)
@@ -211,6 +234,30 @@ class AdmissionMachine:
         yield from self._run(core.pump_arrival(entry, now, self.capacity_of), now)
         if entry.decision is None:
             core.give_up_if_hopeless(entry, now)
+
+    def _budget(self, entry: QueueEntry) -> Generator[Command, _Reply, None]:
+        """Let ``entry`` run on its estimate, or charge it its bound (see the module docstring)."""
+        r = entry.request
+        if r.bound_mu is None or r.bound_mu <= r.cost_mu:
+            return
+        key = (entry.tenant.name, r.model)
+        held = self._exposed.get(key)
+        if held is not None and held.entry.decision is not None and not held.entry.decision.allowed:
+            held = None  # refused: it holds nothing
+        if held is None:
+            self._exposed[key] = _Exposure(entry, r.bound_mu - r.cost_mu)
+            return
+        entry.request = replace(r, cost_mu=r.bound_mu)
+        decision = held.entry.decision
+        if decision is not None and not held.upgraded:  # running on its estimate: charge it the rest now
+            held.upgraded = True
+            deltas = tuple(
+                replace(c, amount=held.gap)
+                for c in decision.charges
+                if c.kind in (ChargeKind.MU, ChargeKind.FLEET)
+            )
+            if deltas:
+                yield AdjustCharges(entry.tenant, deltas, ())
 
     def _pump(self, now: float) -> Generator[Command, _Reply, None]:
         yield Exclusive()
@@ -254,7 +301,18 @@ class AdmissionMachine:
         actual_mu: float,
         actual_tokens: int | None,
     ) -> Generator[Command, _Reply, None]:
-        deltas = settle_deltas(decision, actual_mu, request.cost_mu, actual_tokens, estimated_tokens(request))
+        # what was charged: the estimate the meters got, plus the rest of the bound if it was upgraded
+        estimate = next(
+            (c.amount for c in decision.charges if c.kind in (ChargeKind.MU, ChargeKind.FLEET)),
+            request.cost_mu,
+        )
+        key = (tenant.name, request.model)
+        held = self._exposed.get(key)
+        if held is not None and held.entry.decision is decision:
+            del self._exposed[key]
+            if held.upgraded:
+                estimate += held.gap
+        deltas = settle_deltas(decision, actual_mu, estimate, actual_tokens, estimated_tokens(request))
         yield AdjustCharges(tenant, deltas, decision.charges)
         if decision.tier not in (Tier.PROBE, Tier.UNLIMITED, None):
             self.core.settled(decision, tenant, request, actual_mu)

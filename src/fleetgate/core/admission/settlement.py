@@ -24,13 +24,18 @@ class BoundedUsage:
     anomalies: tuple[str, ...]  # what was cut: negative, output_over_bound, prompt_over_context
 
 
-def output_bound(request: RequestInfo, context_tokens: int | None) -> int | None:
-    """Most output tokens ``request`` can produce: its ``max_tokens`` and the context length, when known.
+def output_limit(max_output_tokens: int | None, context_tokens: int | None) -> int | None:
+    """Most output tokens a request can produce: its ``max_tokens`` and the context length, when known.
 
     (The gateway's own prompt count is an estimate, so the context is not reduced by it.)
     """
-    bounds = [b for b in (request.max_output_tokens, context_tokens) if b is not None]
+    bounds = [b for b in (max_output_tokens, context_tokens) if b is not None]
     return min(bounds) if bounds else None
+
+
+def output_bound(request: RequestInfo, context_tokens: int | None) -> int | None:
+    """``output_limit`` of ``request``."""
+    return output_limit(request.max_output_tokens, context_tokens)
 
 
 def bound_usage(
