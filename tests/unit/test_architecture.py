@@ -7,6 +7,8 @@
   plain validated data; see ``core/plugins.py``).
 - ``fleetgate.core`` keeps no module-level mutable state: no ``global`` statement, no module-level list,
   dict or set (constants are tuples, frozensets or ``MappingProxyType``).
+- At most 10 ``getattr``/``hasattr`` calls in ``src``, each commented with why (on its line or the one above):
+  optional interfaces are declared on protocols with no-op defaults, not probed.
 - No file under ``src/fleetgate`` is longer than 700 lines (``simengine/perfmodel.py``, one cohesive model,
   aside).
 
@@ -294,3 +296,21 @@ def test_known_long_files_are_listed_with_their_size(name: str) -> None:
     counts = _line_counts()
     assert name in counts, f"{name} does not exist: remove it from KNOWN_LONG"
     print(f"{name}: {counts[name]} lines (known, above {MAX_LINES})")
+
+
+MAX_ATTR_PROBES = 10
+
+
+def test_getattr_and_hasattr_are_few_and_explained() -> None:
+    hits = []
+    for path in sorted(PKG.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if "getattr" in line or "hasattr" in line:
+                explained = "#" in line or (i > 0 and lines[i - 1].strip().startswith("#"))
+                hits.append((f"{path.relative_to(SRC)}:{i + 1}", explained))
+    assert len(hits) <= MAX_ATTR_PROBES, (
+        f"{len(hits)} getattr/hasattr in src (at most {MAX_ATTR_PROBES}):\n" + ("\n".join(h for h, _ in hits))
+    )
+    unexplained = [h for h, ok in hits if not ok]
+    assert not unexplained, "comment why each getattr/hasattr is needed:\n" + "\n".join(unexplained)

@@ -132,10 +132,10 @@ class AdmissionService(AdmissionHooks):
         self.machine = AdmissionMachine(self.settings, self.capacity)
         self.core = self.machine.core
         self.fail_open = fail_open
-        self.clock = clock
+        self.clock: Callable[[], float] = clock
         self.time_scale = time_scale  # clock seconds per real second (tests run a faster clock)
         self.metrics = metrics or AdmissionMetrics(registry)
-        self.metrics.watch(lambda: self.machine.queued, lambda: bool(getattr(self.store, "available", True)))
+        self.metrics.watch(lambda: self.machine.queued, lambda: self.store.available)
         self._capacity_of = capacity_of
         self._capacities: dict[str, float] = dict(capacities or {})
         self._lock = asyncio.Lock()
@@ -606,5 +606,5 @@ class AdmissionService(AdmissionHooks):
             "tenants": tenants,
             "deployments": self.capacity_overview(),
             "queue_depth": self.machine.queued,
-            "store": {"kind": self.store.kind, "available": bool(getattr(self.store, "available", True))},
+            "store": {"kind": self.store.kind, "available": self.store.available},
         }

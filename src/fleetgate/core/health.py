@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fleetgate.core.types import HealthState
@@ -57,12 +57,11 @@ class HealthPolicy:
     crash_loop_window_s: float = 600.0
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
+        for name, v in asdict(self).items():
             if isinstance(v, bool):
                 continue
             if isinstance(v, int | float) and v < 0:
-                raise ValueError(f"{f.name} must be >= 0")
+                raise ValueError(f"{name} must be >= 0")
         if self.probe_timeout_s <= 0 or self.probe_idle_s <= 0:
             raise ValueError("probe_timeout_s and probe_idle_s must be > 0")
         if self.failures_to_unhealthy < 1 or self.successes_to_healthy < 1:

@@ -98,8 +98,14 @@ class CostProfile:
     fit: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        for key in ("alpha", "beta", "gamma", "delta", "epsilon"):
-            value = getattr(self, key)
+        coefficients = {
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "gamma": self.gamma,
+            "delta": self.delta,
+            "epsilon": self.epsilon,
+        }
+        for key, value in coefficients.items():
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"cost coefficient {key} must be finite and >= 0, got {value!r}")
         if not (self.capacity_mu_per_min > 0 and math.isfinite(self.capacity_mu_per_min)):

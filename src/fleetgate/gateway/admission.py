@@ -24,13 +24,44 @@ class TenantSummary:
     reserved_mu_per_min: Mapping[str, float] = field(default_factory=dict)
 
 
+class Caller(Protocol):
+    """An authenticated caller as the gateway sees it (``AnonymousTenant``, ``admission.tenants.Tenant``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def priority(self) -> Priority: ...
+
+
+class AdmissionTicket(Protocol):
+    """What ``admit`` returns: response headers to add (``x-ratelimit-*``), and whatever settle needs."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OpenTicket:
+    """``OpenAdmission``'s ticket: nothing to add, nothing to settle."""
+
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
 class Admission(Protocol):
     """What the gateway needs from admission control. A ticket returned by ``admit`` must be passed to
     exactly one of ``settle`` (the request ran; charge its real cost) or ``release`` (it never ran).
 
     The optional hooks below have no-op defaults in :class:`AdmissionHooks` (inherit it)."""
 
-    def authenticate(self, authorization_header: str | None) -> Any: ...
+    def authenticate(self, authorization_header: str | None) -> Caller: ...
+
+    async def admit(self, tenant: Any, request: RequestInfo, now: float) -> AdmissionTicket: ...
+
+    @property
+    def clock(self) -> Callable[[], float] | None:
+        """The clock admission wants ``now`` from (``None``: the gateway's)."""
+        ...
 
     @property
     def open(self) -> bool:
@@ -48,8 +79,6 @@ class Admission(Protocol):
     def use_replica_capacity(
         self, snapshots_of: Callable[[str], Iterable[ReplicaSnapshot] | None]
     ) -> None: ...
-
-    async def admit(self, tenant: Any, request: RequestInfo, now: float) -> Any: ...
 
     async def settle(
         self, ticket: Any, actual_mu: float, now: float, *, usage: Usage | None = None
@@ -69,6 +98,9 @@ class AnonymousTenant:
 
 class AdmissionHooks:
     """No-op defaults of the optional ``Admission`` hooks (status page, admin check, live capacity)."""
+
+    #: the clock admission wants ``now`` from (``None``: the gateway's own)
+    clock: Callable[[], float] | None = None
 
     @property
     def open(self) -> bool:
@@ -105,9 +137,9 @@ class OpenAdmission(AdmissionHooks):
     def authenticate(self, authorization_header: str | None) -> AnonymousTenant:
         return self.tenant
 
-    async def admit(self, tenant: Any, request: RequestInfo, now: float) -> object:
+    async def admit(self, tenant: Any, request: RequestInfo, now: float) -> OpenTicket:
         self.admitted += 1
-        return object()
+        return OpenTicket()
 
     async def settle(self, ticket: Any, actual_mu: float, now: float, *, usage: Usage | None = None) -> None:
         self.settled += 1
@@ -119,25 +151,21 @@ class OpenAdmission(AdmissionHooks):
         """No ledger to tell."""
 
 
-def ticket_headers(ticket: Any) -> dict[str, str]:
-    headers = getattr(ticket, "headers", None)
-    return dict(headers) if isinstance(headers, dict) else {}
+def ticket_headers(ticket: AdmissionTicket) -> dict[str, str]:
+    return dict(ticket.headers)
 
 
-def admission_clock(admission: Any, default: Callable[[], float]) -> Callable[[], float]:
+def admission_clock(admission: Admission, default: Callable[[], float]) -> Callable[[], float]:
     """The clock the admission service wants its ``now`` from (it may be wall time for shared Redis)."""
-    clock = getattr(admission, "clock", None)
-    return clock if callable(clock) else default
+    return admission.clock if admission.clock is not None else default
 
 
-def tenant_name(tenant: Any) -> str:
-    name = getattr(tenant, "name", None)
-    return name if isinstance(name, str) and name else "anonymous"
+def tenant_name(tenant: Caller) -> str:
+    return tenant.name or "anonymous"
 
 
-def tenant_priority(tenant: Any) -> Priority:
-    value = getattr(tenant, "priority", None)
+def tenant_priority(tenant: Caller) -> Priority:
     try:
-        return Priority(value) if value is not None else Priority.INTERACTIVE
+        return Priority(tenant.priority)
     except ValueError:
         return Priority.INTERACTIVE

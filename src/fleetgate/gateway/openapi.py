@@ -237,7 +237,8 @@ def add_openapi_route(app: web.Application, models: Callable[[], Iterable[str]] 
 
     async def handler(request: web.Request) -> web.Response:
         admin = any(
-            getattr(r.resource, "canonical", "") == "/admin/tenants" for r in request.app.router.routes()
+            r.resource is not None and r.resource.canonical == "/admin/tenants"
+            for r in request.app.router.routes()
         )
         doc = build_openapi(admin=admin, models=sorted(models()))
         return web.Response(body=orjson.dumps(doc), content_type="application/json")

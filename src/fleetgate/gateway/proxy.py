@@ -834,19 +834,9 @@ class _RelayResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-#: Built-in policies that never read ``RequestInfo.prefix_hashes`` (the gateway skips hashing for them).
-_HASH_FREE_POLICIES = frozenset({"random", "round_robin", "least_requests", "p2c"})
-
-
 def _uses_prefix_hashes(deployment: Deployment) -> bool:
-    """Whether the deployment's policy reads prefix hashes: its ``uses_prefix_hashes`` attribute when it has
-    one, else by policy name (unknown policies: yes)."""
-    policy = deployment.policy
-    flag = getattr(policy, "uses_prefix_hashes", None)
-    if isinstance(flag, bool):
-        return flag
-    name = getattr(policy, "name", None)
-    return (name if isinstance(name, str) else deployment.config.routing.policy) not in _HASH_FREE_POLICIES
+    """Whether the deployment's policy reads prefix hashes (its declared ``uses_prefix_hashes``)."""
+    return deployment.policy.uses_prefix_hashes
 
 
 def _session_key(request: web.Request, parsed: ParsedRequest) -> str | None:

@@ -90,7 +90,7 @@ class GatewayServer:
         )
         await self.site.start()
         server = self.site._server
-        sockets = getattr(server, "sockets", None) or []
+        sockets = server.sockets if isinstance(server, asyncio.Server) else []
         self.port = sockets[0].getsockname()[1] if sockets else (port or self.config.port)
         self.sync_replicas()
         self._tasks = [asyncio.create_task(_guard(name, run), name=name) for name, run in self._loops]
@@ -153,7 +153,7 @@ class GatewayServer:
 
 def _busy(conn: RequestHandler) -> bool:
     """A request is being handled on ``conn``, or one was read and waits to be handled."""
-    return bool(getattr(conn, "_request_in_progress", False) or getattr(conn, "_messages", None))
+    return bool(conn._request_in_progress or conn._messages)
 
 
 class _HeaderTimeoutHandler(RequestHandler):

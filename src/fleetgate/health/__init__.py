@@ -24,8 +24,8 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> Any:  # PEP 562 lazy exports (keeps `fleetgate --help` fast)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'fleetgate.health' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+    return vars(import_module(module))[name]

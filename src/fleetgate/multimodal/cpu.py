@@ -145,6 +145,7 @@ def read_cpu_budget(
 
     aff: int | None = None
     get_affinity = affinity
+    # ``os.sched_getaffinity`` exists on Linux only (a platform feature, not an interface of ours)
     if get_affinity is None and hasattr(os, "sched_getaffinity"):
 
         def get_affinity() -> set[int]:
@@ -214,7 +215,7 @@ def apply_thread_limits(threads: int, environ: MutableMapping[str, str] | None =
         if module is None:
             continue
         try:
-            getattr(module, setter)(threads)
+            getattr(module, setter)(threads)  # a third-party library's setter, called by name
             applied[name] = threads
         except Exception:  # an odd build without the setter: the env caps still apply
             pass

@@ -213,6 +213,7 @@ def process_image(payload: bytes | str, spec: ImageSpec) -> ImageResult:
         return _process_vips(raw, spec, source_format, sw, sh)
     try:
         with img:
+            # Pillow sets ``n_frames`` only on formats that can hold several frames (GIF, WebP, ...)
             if getattr(img, "n_frames", 1) > 1:
                 img.seek(0)  # animations: the first frame
             resized = max(sw, sh) > spec.max_edge

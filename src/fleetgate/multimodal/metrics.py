@@ -34,8 +34,9 @@ class ImagePipelineCollector(Collector):
             "Image worker crashes, task timeouts and restarts.",
             labels=["event"],
         )
-        for name in ("crashes", "timeouts", "restarts"):
-            events.add_metric([name], getattr(stats, name) if stats is not None else 0)
+        counts = (0, 0, 0) if stats is None else (stats.crashes, stats.timeouts, stats.restarts)
+        for name, count in zip(("crashes", "timeouts", "restarts"), counts, strict=True):
+            events.add_metric([name], count)
         yield events
         workers = len(p.pool.pids()) if p.pool is not None and p.pool.started else 0
         yield GaugeMetricFamily("fleetgate_image_workers", "Image worker processes running.", value=workers)

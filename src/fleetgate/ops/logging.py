@@ -95,11 +95,13 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
+        # ``extra={"request_id": ...}`` sets arbitrary attributes on a LogRecord: read it by name
         request_id = getattr(record, "request_id", None) or REQUEST_ID.get()
         return f"{line} request_id={request_id}" if request_id else line
 
 
-_HANDLER_MARK = "_fleetgate_handler"
+class _FleetgateHandler(logging.StreamHandler):
+    """fleetgate's own root handler (its type tells it apart when ``setup_logging`` runs again)."""
 
 
 def setup_logging(
@@ -108,11 +110,10 @@ def setup_logging(
     """Install (or replace) fleetgate's handler on the root logger; returns it."""
     root = logging.getLogger()
     for handler in list(root.handlers):
-        if getattr(handler, _HANDLER_MARK, False):
+        if isinstance(handler, _FleetgateHandler):
             root.removeHandler(handler)
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = _FleetgateHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    setattr(handler, _HANDLER_MARK, True)
     root.addHandler(handler)
     root.setLevel(level if isinstance(level, int) else level.upper())
     return handler

@@ -7,12 +7,13 @@ Labels are (tenant, deployment). Deployments come from the config (bounded); ten
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fleetgate.ops.slo import Outcome, SloTracker, top_tenants
+from fleetgate.ops.slo import Outcome, SloStats, SloTracker, top_tenants
 
 #: tenant -> deployment -> reserved MU/min
 Reservations = Callable[[], Mapping[str, Mapping[str, float]]]
@@ -102,7 +103,7 @@ class SloCollector(Collector):
         for (tenant, deployment), st in sorted(stats.items()):
             key = [tenant, deployment]
             for outcome in Outcome:
-                requests.add_metric([*key, str(outcome)], getattr(st, _COUNT_FIELD[outcome]))
+                requests.add_metric([*key, str(outcome)], _COUNT_FIELD[outcome](st))
             if st.ttft_p50_s is not None and st.ttft_p95_s is not None:
                 ttft.add_metric([*key, "0.5"], st.ttft_p50_s)
                 ttft.add_metric([*key, "0.95"], st.ttft_p95_s)
@@ -129,10 +130,12 @@ class SloCollector(Collector):
         yield from (window, requests, ttft, otps, errors, rejections, attainment, target, used, sold)
 
 
-_COUNT_FIELD = {
-    Outcome.OK: "ok",
-    Outcome.ERROR: "errors",
-    Outcome.REJECTED: "rejected",
-    Outcome.CLIENT_ERROR: "client_errors",
-    Outcome.CANCELLED: "cancelled",
-}
+_COUNT_FIELD: Mapping[Outcome, Callable[[SloStats], int]] = MappingProxyType(
+    {
+        Outcome.OK: lambda st: st.ok,
+        Outcome.ERROR: lambda st: st.errors,
+        Outcome.REJECTED: lambda st: st.rejected,
+        Outcome.CLIENT_ERROR: lambda st: st.client_errors,
+        Outcome.CANCELLED: lambda st: st.cancelled,
+    }
+)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetgate.ops.slo import SloStats, SloTracker
+
+if TYPE_CHECKING:
+    from fleetgate.autoscaler.loop import AutoscalerLoop
 
 _HISTORY_POINTS = 300
 
@@ -64,9 +67,9 @@ def replica_rows(fleet: Any, per_replica: Mapping[str, SloStats]) -> list[dict[s
                 "inflight_requests": replica.inflight_requests,
                 "inflight_mu": _num(replica.inflight_mu),
                 "cache_hit_rate": _num(replica.engine_prefix_hit_rate),
-                "kv_usage": _num(getattr(engine, "kv_usage", None)),
-                "engine_waiting": _num(getattr(engine, "waiting", None)),
-                "engine_running": _num(getattr(engine, "running", None)),
+                "kv_usage": None if engine is None else _num(engine.kv_usage),
+                "engine_waiting": None if engine is None else _num(engine.waiting),
+                "engine_running": None if engine is None else _num(engine.running),
                 "completed": replica.completed,
                 "failed": replica.failed,
                 "ttft_p95_s": None if st is None else _num(st.ttft_p95_s),
@@ -83,11 +86,11 @@ def replica_rows(fleet: Any, per_replica: Mapping[str, SloStats]) -> list[dict[s
     return rows
 
 
-def autoscaler_rows(autoscalers: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
+def autoscaler_rows(autoscalers: Mapping[str, AutoscalerLoop], now: float) -> list[dict[str, Any]]:
     """Each loop's recent (time, desired, ready, utilisation) history and the points where it changed."""
     out = []
     for model, loop in sorted(autoscalers.items()):
-        history: list[tuple[float, int, int, float]] = list(getattr(loop, "history", []))
+        history: list[tuple[float, int, int, float]] = list(loop.history)
         decisions = []
         prev: int | None = None
         for t, desired, ready, util in history:
@@ -103,7 +106,7 @@ def autoscaler_rows(autoscalers: Mapping[str, Any], now: float) -> list[dict[str
         out.append(
             {
                 "deployment": model,
-                "desired": getattr(loop, "desired", None),
+                "desired": loop.desired,
                 "history": [
                     {"t": t - now, "desired": d, "ready": r, "utilisation": _num(u)} for t, d, r, u in recent
                 ],
@@ -155,7 +158,7 @@ def build_status(
             "routable_replicas": sum(1 for r in replicas if r.snapshot().routable),
             "capacity_mu_per_min": cap,
             "reserved_mu_per_min": sold,
-            "policy": getattr(deployment.config.routing, "policy", None),
+            "policy": deployment.config.routing.policy,
         }
         row.update(_stats(per_deployment.get(model)))
         deployment_rows.append(row)

@@ -419,7 +419,7 @@ class Simulator:
         for _ in range(self.cfg.replicas):
             self._add_replica(0.0, ready=True)
         probe = self.replicas[0].engine if self.replicas else self.engine_factory("probe")
-        self._fits = getattr(probe, "fits", None)
+        self._fits = probe.fits
         self._record_replicas(0.0)
         # Arrivals are read from the sorted trace instead of going through the heap: the next one carries the
         # sequence number its push would have had, so events keep exactly their (time, sequence) order.
@@ -539,7 +539,7 @@ class Simulator:
         completed = int(done_mask.sum())
         summary: dict[str, Any] = {
             "mode": "des",
-            "policy": getattr(self.policy, "name", "?"),
+            "policy": self.policy.name,
             "trace": self.trace.name,
             "seed": self.cfg.seed,
             "replicas": self.cfg.replicas,
@@ -565,7 +565,7 @@ class Simulator:
             "sim_duration_s": end,
             "settled_mu": float(self._cost.sum()),
             "profile": self.profile.name,
-            "autoscaler": getattr(self.autoscaler, "name", "none") if self.autoscaler else "none",
+            "autoscaler": self.autoscaler.name if self.autoscaler else "none",
             "peak_replicas": max((tot for _, _, tot in self._replica_series), default=self.cfg.replicas),
             "wall_s": wall_s,
             "requests_per_wall_s": len(reqs) / wall_s if wall_s > 0 else math.nan,

@@ -28,11 +28,13 @@ def frozen_builder(cls: type[_T], names: tuple[str, ...]) -> Callable[..., _T]:
     repr). Classes with a ``__post_init__``, an unknown field or a default factory get their own ``__init__``
     instead, so a change in ``core.types`` can cost speed, never correctness.
     """
+    # Class introspection (slots, descriptors) is what this builder is: the four attribute look-ups below
+    # read the dataclass machinery itself, not an optional interface.
     flds = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
     rest = [f for name, f in flds.items() if name not in names]
     usable = (
-        hasattr(cls, "__slots__")
-        and not hasattr(cls, "__post_init__")
+        hasattr(cls, "__slots__")  # introspection: slot descriptors to write
+        and not hasattr(cls, "__post_init__")  # introspection: no hook to skip
         and all(n in flds for n in names)
         and all(f.default is not MISSING for f in rest)
     )
@@ -46,10 +48,10 @@ def frozen_builder(cls: type[_T], names: tuple[str, ...]) -> Callable[..., _T]:
     env: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
     lines = [f"def build({', '.join(f'a{i}' for i in range(len(names)))}):", "    o = _new(_cls)"]
     for i, name in enumerate(names):
-        env[f"_s{i}"] = getattr(cls, name).__set__
+        env[f"_s{i}"] = getattr(cls, name).__set__  # introspection: the field's slot descriptor
         lines.append(f"    _s{i}(o, a{i})")
     for j, f in enumerate(rest):
-        env[f"_d{j}"] = getattr(cls, f.name).__set__
+        env[f"_d{j}"] = getattr(cls, f.name).__set__  # introspection: the field's slot descriptor
         env[f"_v{j}"] = f.default
         lines.append(f"    _d{j}(o, _v{j})")
     lines.append("    return o")

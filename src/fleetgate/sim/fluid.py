@@ -510,7 +510,7 @@ class FluidSimulator:
             "sim_duration_s": horizon,
             "settled_mu": served_mu,
             "profile": self.profile.name,
-            "autoscaler": getattr(self.autoscaler, "name", "none") if self.autoscaler else "none",
+            "autoscaler": self.autoscaler.name if self.autoscaler else "none",
             "peak_replicas": max((tot for _, _, tot in series), default=cfg.replicas),
             "steps": len(bw),
             "step_s": w.step_s,

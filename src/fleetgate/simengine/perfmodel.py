@@ -129,14 +129,13 @@ class PerfParams:
             raise ValueError("prefix_cache_blocks must be >= 0 or null")
         if self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
-        for name in (
-            "step_overhead_s",
-            "prefill_s_per_token",
-            "prefill_s_per_token_sq",
-            "decode_s_per_seq",
-            "decode_s_per_kv_token",
+        for name, value in (
+            ("step_overhead_s", self.step_overhead_s),
+            ("prefill_s_per_token", self.prefill_s_per_token),
+            ("prefill_s_per_token_sq", self.prefill_s_per_token_sq),
+            ("decode_s_per_seq", self.decode_s_per_seq),
+            ("decode_s_per_kv_token", self.decode_s_per_kv_token),
         ):
-            value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number >= 0")
         if self.step_overhead_s <= 0:

@@ -31,6 +31,12 @@ class AdmissionStore(Protocol):
     """Where bucket levels and usage counters live (``now`` is ignored by stores using their own clock)."""
 
     kind: str
+
+    @property
+    def available(self) -> bool:
+        """Whether the store answered its last call (Redis: false while it is unreachable)."""
+        ...
+
     #: Seconds an admission's lease lives unless renewed (``None``: the store keeps no leases, e.g. memory,
     #: whose state dies with the process that would settle it).
     lease_ttl_s: float | None

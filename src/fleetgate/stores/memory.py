@@ -11,6 +11,7 @@ class MemoryStore:
     """Bucket levels and usage counters in dicts. Atomic because nothing awaits inside a call."""
 
     kind = "memory"
+    available = True  #: always: it lives in this process
     lease_ttl_s: float | None = None  # state lives and dies with the process that settles it
 
     def __init__(self) -> None:

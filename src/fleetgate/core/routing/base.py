@@ -21,6 +21,8 @@ class RoutingPolicy(Protocol):
     name: str
     #: The dispatch gate (``core.routing.gate``) in front of this policy's picks, or ``None`` (no gate).
     gate: DispatchGate[Any] | None
+    #: Whether it reads ``RequestInfo.prefix_hashes`` (the gateway hashes prompts only for those that do).
+    uses_prefix_hashes: bool
 
     def pick(
         self,
@@ -62,6 +64,8 @@ class PolicyBase:
     """No-op defaults for the optional parts of ``RoutingPolicy``: hooks that ignore their event, no gate."""
 
     gate: DispatchGate[Any] | None = None
+    #: reads ``RequestInfo.prefix_hashes`` (unknown policies: yes; the gateway skips hashing otherwise)
+    uses_prefix_hashes: bool = True
 
     def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
         return None
