@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -90,7 +90,8 @@ class GatewayServer:
         )
         await self.site.start()
         server = self.site._server
-        sockets = server.sockets if isinstance(server, asyncio.Server) else []
+        # asyncio's or uvloop's Server (both have ``sockets``; the abstract type declares none)
+        sockets = cast(asyncio.Server, server).sockets if server is not None else []
         self.port = sockets[0].getsockname()[1] if sockets else (port or self.config.port)
         self.sync_replicas()
         self._tasks = [asyncio.create_task(_guard(name, run), name=name) for name, run in self._loops]
