@@ -112,6 +112,8 @@ def test_completions_integer_logprobs_with_openai_sdk(client: openai.OpenAI) -> 
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt="x", max_tokens=1, logprobs=True)  # type: ignore[arg-type]
     assert "logprobs" in str(info.value)
+    with pytest.raises(openai.BadRequestError, match="max allowed: 20"):  # the engine's bound, as vLLM's
+        client.completions.create(model=MODEL, prompt="x", max_tokens=1, logprobs=546474)
 
 
 def test_lm_eval_harness_loglikelihood_request(gateway: str) -> None:

@@ -239,6 +239,12 @@ def test_metrics_use_vllm_names(engine: Engine) -> None:
         (b"[]", 400, None),
         (b'{"model": "sim-test"}', 400, "messages"),
         (b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "n": 0}', 400, "n"),
+        (
+            b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "logprobs": true, '
+            b'"top_logprobs": 21}',
+            400,
+            "top_logprobs",
+        ),
         (b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "n": 999}', 400, "n"),
         (
             b'{"model": "sim-test", "messages": [{"role": "user", "content": "x"}], '

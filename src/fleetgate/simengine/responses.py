@@ -23,6 +23,9 @@ from fleetgate.simengine.driver import Live
 from fleetgate.simengine.structured import ToolCall
 from fleetgate.simengine.textgen import WORDS, PlannedOutput, filler_words
 
+#: Most alternatives per token an engine returns (vLLM's default ``--max-logprobs``).
+MAX_LOGPROBS = 20
+
 
 @dataclass(frozen=True, slots=True)
 class LogprobSpec:
@@ -93,10 +96,11 @@ def _alternatives(token: str, position: int, top: int) -> list[tuple[str, float]
     lp = _logprob(token, position)
     out = [(token, lp)]
     seen = {token}
-    i = zlib.crc32(token.encode()) % len(WORDS)
-    while len(out) < top and len(seen) <= len(WORDS):
-        alt = WORDS[i % len(WORDS)]
-        i += 7
+    start = zlib.crc32(token.encode())
+    for k in range(len(WORDS)):  # bounded: at most every word once (WORDS repeats some)
+        if len(out) >= top:
+            break
+        alt = WORDS[(start + 7 * k) % len(WORDS)]
         if alt not in seen:
             seen.add(alt)
             out.append((alt, round(lp - 0.5 * len(out), 4)))

@@ -40,7 +40,14 @@ from fleetgate.simengine.driver import EngineDriver, Live
 from fleetgate.simengine.faults import NO_FAULT, Fault, fault_from_json
 from fleetgate.simengine.metrics import EngineMetrics, ServerCounters
 from fleetgate.simengine.perfmodel import EngineModel, EngineRequest, PerfParams
-from fleetgate.simengine.responses import ChoicePlan, LogprobSpec, StreamEncoder, full_body, usage
+from fleetgate.simengine.responses import (
+    MAX_LOGPROBS,
+    ChoicePlan,
+    LogprobSpec,
+    StreamEncoder,
+    full_body,
+    usage,
+)
 from fleetgate.simengine.structured import Structured, json_text, parse_structured, pick_tool, tool_call
 from fleetgate.simengine.textgen import PlannedOutput, continuation_prompt, plan_output, start_index
 
@@ -462,8 +469,17 @@ def _logprob_spec(body: Mapping[str, Any], endpoint: str) -> LogprobSpec | None:
     """Chat: ``logprobs: true`` plus ``top_logprobs``; completions: ``logprobs: k`` (validated upstream)."""
     value = body.get("logprobs")
     if endpoint == "chat":
-        return LogprobSpec(int(body.get("top_logprobs") or 0)) if value is True else None
-    return LogprobSpec(int(value)) if isinstance(value, int) and not isinstance(value, bool) else None
+        top, param = (int(body.get("top_logprobs") or 0) if value is True else 0), "top_logprobs"
+    else:
+        top, param = (int(value) if isinstance(value, int) and not isinstance(value, bool) else 0), "logprobs"
+    if top > MAX_LOGPROBS:
+        raise InvalidRequestError(
+            f"Requested sample logprobs of {top}, which is greater than max allowed: {MAX_LOGPROBS}",
+            param=param,
+        )
+    if endpoint == "chat":
+        return LogprobSpec(top) if value is True else None
+    return LogprobSpec(top) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _prompts(prompt: Any, *, echo: bool) -> list[_Prompt]:
