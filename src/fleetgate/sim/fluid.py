@@ -46,14 +46,10 @@ import numpy as np
 from fleetgate.core.autoscale import AutoscaleContext, Autoscaler
 from fleetgate.core.units import CostProfile
 from fleetgate.sim import metrics as M
-from fleetgate.sim.engine import perf_params_from_profile
 from fleetgate.sim.traces import (
     LengthSource,
     RateTable,
     Trace,
-    detect_format,
-    length_source,
-    load_rate_table,
     tenant_cv,
 )
 from fleetgate.simengine.perfmodel import PerfParams
@@ -527,43 +523,3 @@ def _thin(series: list[tuple[float, int, int]], max_points: int = 5000) -> list[
         return series
     step = len(series) / max_points
     return [series[int(i * step)] for i in range(max_points)] + [series[-1]]
-
-
-def run_fluid(opts: Any, *, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Fluid run from ``runner.SimOptions``."""
-    from fleetgate.sim.runner import _autoscaler, _profile, load_for
-
-    profile = _profile(opts)
-    perf = perf_params_from_profile(profile, overrides=opts.engine_params)
-    path = opts.trace
-    is_table = opts.fmt == "servegen" or (
-        opts.fmt == "auto" and not str(path).startswith("synthetic:") and detect_format(path) == "servegen"
-    )
-    if is_table:
-        table = load_rate_table(path).select(opts.tenant).slice(opts.start_s, opts.duration_s)
-        if opts.time_scale != 1.0:
-            table = RateTable(
-                table.t_s * opts.time_scale, table.window_s * opts.time_scale, table.rates, table.name
-            )
-        work = workload_from_rates(
-            table,
-            length_source(opts.lengths),
-            profile,
-            perf,
-            opts.step_s,
-            seed=opts.seed,
-            rate_scale=opts.rate_scale,
-        )
-    else:
-        work = workload_from_trace(load_for(opts), profile, perf, opts.step_s)
-    cfg = FluidConfig(
-        replicas=opts.replicas,
-        seed=opts.seed,
-        step_s=opts.step_s,
-        cold_start_s=opts.cold_start_s,
-        min_replicas=opts.min_replicas,
-        max_replicas=opts.max_replicas,
-        slo_ttft_p95_s=opts.slo_ttft_p95_s,
-        progress=progress,
-    )
-    return FluidSimulator(work, profile, perf, cfg, autoscaler=_autoscaler(opts, profile)).run()

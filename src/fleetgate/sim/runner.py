@@ -141,6 +141,48 @@ def run_des(
     return sim.run()
 
 
+def run_fluid(opts: SimOptions, *, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Fluid run (``sim.fluid``) from ``SimOptions``."""
+    from fleetgate.sim.engine import perf_params_from_profile
+    from fleetgate.sim.fluid import FluidConfig, FluidSimulator, workload_from_rates, workload_from_trace
+    from fleetgate.sim.traces import RateTable, detect_format, length_source
+
+    profile = _profile(opts)
+    perf = perf_params_from_profile(profile, overrides=opts.engine_params)
+    path = Path(opts.trace)
+    is_table = opts.fmt == "servegen" or (
+        opts.fmt == "auto" and not str(path).startswith("synthetic:") and detect_format(path) == "servegen"
+    )
+    if is_table:
+        table = load_rate_table(path).select(opts.tenant).slice(opts.start_s, opts.duration_s)
+        if opts.time_scale != 1.0:
+            table = RateTable(
+                table.t_s * opts.time_scale, table.window_s * opts.time_scale, table.rates, table.name
+            )
+        work = workload_from_rates(
+            table,
+            length_source(opts.lengths),
+            profile,
+            perf,
+            opts.step_s,
+            seed=opts.seed,
+            rate_scale=opts.rate_scale,
+        )
+    else:
+        work = workload_from_trace(load_for(opts), profile, perf, opts.step_s)
+    cfg = FluidConfig(
+        replicas=opts.replicas,
+        seed=opts.seed,
+        step_s=opts.step_s,
+        cold_start_s=opts.cold_start_s,
+        min_replicas=opts.min_replicas,
+        max_replicas=opts.max_replicas,
+        slo_ttft_p95_s=opts.slo_ttft_p95_s,
+        progress=progress,
+    )
+    return FluidSimulator(work, profile, perf, cfg, autoscaler=_autoscaler(opts, profile)).run()
+
+
 def run(
     opts: SimOptions, *, progress: Callable[[int, int], None] | None = None
 ) -> tuple[dict[str, Any], Any]:
@@ -150,8 +192,6 @@ def run(
         res = run_des(opts, progress=progress)
         return res.summary, res
     if mode == "fluid":
-        from fleetgate.sim.fluid import run_fluid
-
         summary = run_fluid(opts, progress=progress)
         return summary, None
     raise ValueError(f"unknown mode {opts.mode!r}; one of des, fluid, auto")
