@@ -321,7 +321,9 @@ class ScriptedEngines:
             "completion_tokens": usage.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         }
-        tail = _event(done) + _event({"choices": [], "usage": counts}) + b"data: [DONE]\n\n"
+        token = _event({"choices": [{"index": 0, "delta": {"content": "a"}}]})
+        rest = token * (usage.completion_tokens - 1)  # one event per output token, as engines stream
+        tail = rest + _event(done) + _event({"choices": [], "usage": counts}) + b"data: [DONE]\n\n"
         self.streams[rid].content.feed(tail, eof=True)
 
 
