@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from fleetgate.health.monitor import _PROBE_BUCKETS, HealthMetrics
+from fleetgate.health.monitor import _PROBE_BUCKETS, HealthMetrics, HealthSeriesSet
 
 
 class DeploymentLabelled:
@@ -60,10 +60,13 @@ class HealthFamilies:
             registry=registry,
         )
 
-    def for_deployment(self, deployment: str) -> Any:
-        view = HealthMetrics.__new__(HealthMetrics)  # its methods, these series
-        view.probe_latency = DeploymentLabelled(self.probe_latency, deployment)  # type: ignore[assignment]
-        view.transitions = DeploymentLabelled(self.transitions, deployment)  # type: ignore[assignment]
-        view.remediations = DeploymentLabelled(self.remediations, deployment)  # type: ignore[assignment]
-        view.state = DeploymentLabelled(self.state, deployment)  # type: ignore[assignment]
-        return view
+    def for_deployment(self, deployment: str) -> HealthMetrics:
+        """A ``HealthMetrics`` writing these series with ``deployment`` set."""
+        return HealthMetrics(
+            series=HealthSeriesSet(
+                probe_latency=DeploymentLabelled(self.probe_latency, deployment),
+                transitions=DeploymentLabelled(self.transitions, deployment),
+                remediations=DeploymentLabelled(self.remediations, deployment),
+                state=DeploymentLabelled(self.state, deployment),
+            )
+        )

@@ -61,10 +61,38 @@ class ProbeResult:
     error: str = ""
 
 
-class HealthMetrics:
-    """Prometheus series for health, registered on the registry passed in (no global registry)."""
+class Series(Protocol):
+    """A labelled metric family as the monitor uses it (a prometheus_client family, or a view of one)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def labels(self, *values: str, **labels: str) -> Any: ...
+
+    def remove(self, *values: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSeriesSet:
+    """The four health series, labelled ``replica`` first (after any label a view has already set)."""
+
+    probe_latency: Series
+    transitions: Series
+    remediations: Series
+    state: Series
+
+
+class HealthMetrics:
+    """Prometheus series for health, registered on the registry passed in (no global registry), or the
+    given ``series`` (views of families shared by several deployments, ``health.families``)."""
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, series: HealthSeriesSet | None = None
+    ) -> None:
+        if series is not None:
+            self.probe_latency: Series = series.probe_latency
+            self.transitions: Series = series.transitions
+            self.remediations: Series = series.remediations
+            self.state: Series = series.state
+            return
+        registry = registry if registry is not None else CollectorRegistry()
         self.probe_latency = Histogram(
             "fleetgate_health_probe_latency_seconds",
             "Latency of health probes (a 1-token request), by outcome.",
