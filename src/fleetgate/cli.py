@@ -127,14 +127,18 @@ def calibrate(
             help="Plan the sweep to about this many seconds (shapes spread over the design).",
         ),
     ] = None,
+    images: Annotated[
+        bool, typer.Option(help="Also measure what an image token costs (a multimodal engine).")
+    ] = False,
 ) -> None:
     """Fit a model-unit cost profile by a designed sweep against a live engine (progress lines with an ETA
-    when stdout is not a terminal)."""
+    when stdout is not a terminal); the full sweep also measures the prefix-cache discount."""
     from fleetgate.engines.calibration import run_calibration
 
     run_calibration(
-        engine=engine, model=model, out=out, plot=plot, quick=quick, engine_pid=engine_pid, budget_s=budget_s
-    )
+        engine=engine, model=model, out=out, plot=plot, quick=quick, engine_pid=engine_pid, budget_s=budget_s,
+        images=images,
+    )  # fmt: skip
 
 
 def main() -> None:

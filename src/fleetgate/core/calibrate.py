@@ -502,3 +502,14 @@ def prefix_cache_discount(
     if full <= 0:
         return 1.0
     return min(max(1.0 - (cold_s - cached_s) / full, 0.0), 1.0)
+
+
+def image_cost_per_token(
+    text_s: float, image_s: float, image_tokens: float, capacity_mu_per_min: float
+) -> float:
+    """MU per image token from replica seconds per request without and with ``image_tokens`` of images
+    (never negative: noise can make the image run look cheaper)."""
+    if image_tokens <= 0:
+        raise ValueError("image_tokens must be positive")
+    return max(image_s - text_s, 0.0) / image_tokens * capacity_mu_per_min / 60.0
+

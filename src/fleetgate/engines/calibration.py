@@ -22,7 +22,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,12 @@ _WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to
 #: Prompt lengths at which the calibrated prefill rate is reported (it falls with length: attention).
 PREFILL_REPORT_TOKENS = (128, 512, 2048)
 
+#: A 32x32 grey PNG: the image part the image-cost measurement sends (the engine's image tokens count).
+CALIBRATION_IMAGE = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAACAAAAAgCAAAAABWESUoAAAAGUlEQVR4nGNsYMAPmAjIjyoYVTCqYNgqAACXv"
+    "gDAMsm0fAAAAABJRU5ErkJggg=="
+)
+
 #: Extra request fields asking for exactly ``max_tokens`` output tokens (vLLM, SGLang, llama.cpp, simengine).
 EXACT_LENGTH_FIELDS: dict[str, Any] = {"ignore_eos": True}
 
@@ -58,6 +64,7 @@ class Shape:
     words: int
     output_tokens: int
     shared_words: int = 0  #: a prefix of this many words, the same in every request of the probe
+    images: int = 0  #: image parts (a small PNG data URL each) after the text
 
 
 @dataclass
@@ -180,8 +187,8 @@ class EngineProbe:
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._seq = itertools.count()
         self.nonce = nonce if nonce is not None else os.urandom(6).hex()
-        #: prompt tokens the engine reported served from its prefix cache, over every request sent
-        self.cached_tokens = 0
+        #: prompt tokens the engine reported as prefix-cache hits / as images, over every request sent
+        self.cached_tokens = self.image_tokens = 0
 
     def prompt(self, words: int, shared_words: int = 0) -> str:
         """A prompt of ``words`` filler words that shares no prefix (and no long chunk) with any other.
@@ -204,11 +211,17 @@ class EngineProbe:
             head += f" Request {uid} :"
         return head + "".join(" " + rng.choice(_WORDS) for _ in range(max(words, 0)))
 
+    def content(self, shape: Shape) -> str | list[dict[str, Any]]:
+        """The user message: the prompt, followed by ``shape.images`` image parts when it has any."""
+        text = self.prompt(shape.words, shape.shared_words)
+        image = {"type": "image_url", "image_url": {"url": CALIBRATION_IMAGE}}
+        return [{"type": "text", "text": text}, *[image] * shape.images] if shape.images else text
+
     async def send(self, shape: Shape) -> tuple[int, int, float]:
         """One request; returns (prompt_tokens, completion_tokens, latency_s) from the engine's usage."""
         body = {
             "model": self.model,
-            "messages": [{"role": "user", "content": self.prompt(shape.words, shape.shared_words)}],
+            "messages": [{"role": "user", "content": self.content(shape)}],
             "max_tokens": shape.output_tokens,
             "min_tokens": shape.output_tokens,
             "temperature": 0.0,
@@ -240,6 +253,7 @@ class EngineProbe:
             usage = json.loads(text)["usage"]
             details = usage.get("prompt_tokens_details") or {}
             self.cached_tokens += int(details.get("cached_tokens") or 0)
+            self.image_tokens += int(details.get("image_tokens") or 0)
             return int(usage["prompt_tokens"]), int(usage["completion_tokens"]), latency
         except (KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"engine response has no usable usage: {text[:300]}") from exc
@@ -403,8 +417,9 @@ class CalibrationRun:
     measurements: list[Measurement]
     ladders: list[dict[str, Any]]
     replica_clock: str = "wall"
-    #: the measured prefix-cache term (``engines.calibration_cache.CacheMeasurement.as_dict``), if measured
+    #: the measured prefix-cache and image terms (``engines.calibration_cache``), when measured
     cache: dict[str, Any] | None = None
+    image: dict[str, Any] | None = None
 
     def to_json(self, engine: str, model: str, quick: bool) -> dict[str, Any]:
         cal = self.calibration
@@ -429,6 +444,7 @@ class CalibrationRun:
                     str(n): cal.prefill_tokens_per_s([n]) for n in PREFILL_REPORT_TOKENS
                 },
                 "cache_measurement": self.cache,
+                "image_measurement": self.image,
                 "holdout_indices": cal.holdout,
                 "measurements": [m.as_dict() for m in self.measurements],
                 "ladders": self.ladders,
@@ -457,6 +473,7 @@ async def calibrate_engine(
     budget_s: float | None = None,
     progress_lines: bool | None = None,
     measure_cache: bool = False,
+    measure_images: bool = False,
 ) -> CalibrationRun:
     """Run the sweep against ``engine`` and fit the profile (see the module docstring).
 
@@ -464,8 +481,7 @@ async def calibrate_engine(
     replica time on the replica's own busy seconds instead of the wall clock. ``budget_s``: plan the sweep
     to this many seconds (``core.calibrate_plan``). ``progress_lines``: one plain line per shape with an
     ETA instead of the live bar (default: when stdout is not a terminal, e.g. in CI or a log file).
-    ``measure_cache``: also measure the prefix-cache discount (``engines.calibration_cache``) and put it in
-    the profile instead of the shipped 0.1.
+    ``measure_cache`` / ``measure_images``: measure those cost terms too (``engines.calibration_cache``).
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -586,22 +602,19 @@ async def calibrate_engine(
         engine=engine,
         capacity_mu_per_min=capacity_mu_per_min,
     )
-    cache: dict[str, Any] | None = None
-    if measure_cache:
-        from fleetgate.engines.calibration_cache import measure_prefix_cache
+    from fleetgate.engines.calibration_cache import measure_terms
 
-        measured = await measure_prefix_cache(
-            engine, model, cal, api_key=api_key, extra_body=extra_body, busy_clock=busy_clock
-        )
-        cache = measured.as_dict()
-        if measured.cache_discount is not None:
-            cal = replace(cal, profile=replace(cal.profile, cache_discount=measured.cache_discount))
+    cal, cache, image = await measure_terms(
+        engine, model, cal, cache=measure_cache, images=measure_images, api_key=api_key,
+        extra_body=extra_body, busy_clock=busy_clock,
+    )  # fmt: skip
     return CalibrationRun(
         calibration=cal,
         measurements=measurements,
         ladders=ladders,
         replica_clock="wall" if busy_clock is None else "busy (engine process CPU time)",
         cache=cache,
+        image=image,
     )
 
 
@@ -613,6 +626,7 @@ def run_calibration(
     quick: bool,
     engine_pid: int | None = None,
     budget_s: float | None = None,
+    images: bool = False,
 ) -> None:
     """The ``fleetgate calibrate`` command: sweep, fit, write JSON (and PNG), print the fit quality.
 
@@ -651,6 +665,7 @@ def run_calibration(
                 jitter=0.0 if quick else 0.3,
                 budget_s=budget_s,
                 measure_cache=not quick,
+                measure_images=images,
             )
         )
     except CalibrationError as exc:

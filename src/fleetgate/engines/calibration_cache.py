@@ -1,4 +1,5 @@
-"""The prefix-cache term of a calibration, measured instead of assumed (``cache_discount``).
+"""The cache and image terms of a calibration, measured instead of assumed (``cache_discount``,
+``image_mu_per_token``).
 
 Two saturated runs of the same shape back to back on the live engine: *cold* (prompts that share nothing, as
 in the main sweep) and *cached* (every prompt starts with the same long prefix, ``shared_fraction`` of its
@@ -6,17 +7,21 @@ words, so the engine serves that part from its prefix cache; the engine's own ``
 much). The replica seconds saved, over what those cached tokens cost to prefill by the fitted profile, is
 the fraction the cache saves; ``cache_discount`` (the fraction of alpha a cached token still costs) is one
 minus it (``core.calibrate.prefix_cache_discount``).
+
+Images, on a multimodal engine (or the simulated one): the same text shape without and with one image part;
+the extra replica seconds over the image tokens the engine reports is what an image token costs
+(``image_mu_per_token``; the shipped profiles price it like a text token, alpha).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 
-from fleetgate.core.calibrate import Calibration, prefix_cache_discount
+from fleetgate.core.calibrate import Calibration, image_cost_per_token, prefix_cache_discount
 from fleetgate.engines.calibration import CalibrationError, EngineProbe, LevelResult, Shape
 
 
@@ -99,3 +104,90 @@ async def measure_prefix_cache(
         cached_replica_s=cached_s,
         cache_discount=discount,
     )
+
+
+@dataclass(frozen=True)
+class ImageMeasurement:
+    """A text-only and a text + image run of one shape, and the image cost per image token they imply."""
+
+    text_replica_s: float
+    image_replica_s: float
+    image_tokens_per_request: float
+    image_mu_per_token: float | None
+    alpha_mu_per_token: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "text_replica_s": self.text_replica_s,
+            "image_replica_s": self.image_replica_s,
+            "image_tokens_per_request": self.image_tokens_per_request,
+            "image_mu_per_token": self.image_mu_per_token,
+            "alpha_mu_per_token": self.alpha_mu_per_token,
+            "method": "one shape without and with one image, saturated; extra replica s / image tokens",
+        }
+
+
+async def measure_image_cost(
+    engine: str,
+    model: str,
+    calibration: Calibration,
+    *,
+    input_tokens: int = 256,
+    output_tokens: int = 4,
+    ladder: Sequence[int] = (4, 8),
+    requests_per_worker: int = 4,
+    min_requests: int = 16,
+    api_key: str | None = None,
+    extra_body: Mapping[str, Any] | None = None,
+    busy_clock: Callable[[], float] | None = None,
+) -> ImageMeasurement:
+    """What one image token costs on a multimodal engine (``image_mu_per_token``), measured: the same text
+    shape with and without one image part; the engine's ``prompt_tokens_details.image_tokens`` counts."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        probe = EngineProbe(
+            session, engine, model, api_key=api_key, extra_body=extra_body, busy_clock=busy_clock
+        )
+        words = await probe.words_for(input_tokens)
+
+        async def run(shape: Shape) -> tuple[LevelResult, float]:
+            before = probe.image_tokens
+            sat = await probe.saturate(
+                lambda _i: shape, ladder, requests_per_worker=requests_per_worker, min_requests=min_requests
+            )
+            sent = sum(lv.requests for lv in sat.levels)
+            return sat.best, (probe.image_tokens - before) / max(sent, 1)
+
+        text, _ = await run(Shape(words, output_tokens))
+        image, image_tokens = await run(Shape(words, output_tokens, images=1))
+    text_s, image_s = 1.0 / text.throughput_rps, 1.0 / image.throughput_rps
+    profile = calibration.profile
+    rate = None
+    if image_tokens >= 1.0:
+        rate = image_cost_per_token(text_s, image_s, image_tokens, profile.capacity_mu_per_min)
+    return ImageMeasurement(text_s, image_s, image_tokens, rate, profile.alpha)
+
+
+async def measure_terms(
+    engine: str,
+    model: str,
+    calibration: Calibration,
+    *,
+    cache: bool,
+    images: bool,
+    **probe: Any,
+) -> tuple[Calibration, dict[str, Any] | None, dict[str, Any] | None]:
+    """Measure the asked-for terms and put them in the calibration's profile (a term the engine gives no
+    evidence for, no cache hits or no image tokens, keeps the shipped value)."""
+    cache_doc = image_doc = None
+    profile = calibration.profile
+    if cache:
+        measured = await measure_prefix_cache(engine, model, calibration, **probe)
+        cache_doc = measured.as_dict()
+        if measured.cache_discount is not None:
+            profile = replace(profile, cache_discount=measured.cache_discount)
+    if images:
+        img = await measure_image_cost(engine, model, calibration, **probe)
+        image_doc = img.as_dict()
+        if img.image_mu_per_token is not None:
+            profile = replace(profile, image_mu_per_token=img.image_mu_per_token)
+    return replace(calibration, profile=profile), cache_doc, image_doc
