@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fleetgate.core.admission import (
@@ -157,3 +157,86 @@ def test_decisions_retry_after_positive_exactly_when_denied(
         assert (dd.retry_after_s > 0) == (not dd.allowed)
     assert la.queued == 0
     assert seen + len(leftovers) == len(events)
+
+
+# ------------------------------------------------------- bounds (issue 22: findings 4 and 8, as classes)
+@settings(max_examples=200, deadline=None)
+@given(
+    prompt=st.integers(-(10**12), 10**12),
+    completion=st.integers(-(10**12), 10**12),
+    cached=st.integers(-(10**12), 10**12),
+    max_tokens=st.none() | st.integers(0, 10**6),
+    context=st.none() | st.integers(1, 10**6),
+    events=st.none() | st.integers(0, 10**5),
+)
+def test_bounded_usage_is_never_negative_nor_beyond_what_the_request_could_produce(
+    prompt: int, completion: int, cached: int, max_tokens: int | None, context: int | None, events: int | None
+) -> None:
+    from fleetgate.core.admission.settlement import STREAM_TOKENS_PER_EVENT, bound_usage
+    from fleetgate.core.types import Usage
+
+    usage = Usage(prompt, completion, cached)
+    r = RequestInfo("r", "m", input_tokens=100, max_output_tokens=max_tokens)
+    out = bound_usage(usage, r, context_tokens=context, streamed_events=events).usage
+    assert min(out.prompt_tokens, out.completion_tokens, out.cached_tokens, out.image_tokens) >= 0
+    limits = [x for x in (max_tokens, context) if x is not None]
+    if events:
+        limits.append(events * STREAM_TOKENS_PER_EVENT)
+    if limits:
+        assert out.completion_tokens <= min(limits)
+    if context is not None:
+        assert out.prompt_tokens <= context
+    assert out.cached_tokens <= out.prompt_tokens
+    if min(prompt, completion, cached) >= 0 and out == usage:
+        assert out is usage  # within bounds: untouched
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    requests=st.lists(
+        st.tuples(
+            st.floats(0.0, 1.0),  # gap before it (s)
+            st.floats(0.001, 1.0),  # estimate as a share of the bound
+            st.floats(0.1, 40.0),  # bound (MU)
+            st.floats(0.0, 1.0),  # actual as a share of the bound
+            st.floats(0.1, 30.0),  # run time (s)
+        ),
+        min_size=1,
+        max_size=120,
+    )
+)
+@example(requests=[(0.05, 0.01, 40.0, 1.0, 30.0)] * 100)  # the report's game: 1% estimates, long runs
+def test_no_estimate_game_overshoots_the_limit_by_more_than_one_request(
+    requests: list[tuple[float, float, float, float, float]],
+) -> None:
+    """Any mix of estimates below the bound, concurrency and run times: the settled MU of what a meter
+    admits in any 60 s window stays within its limit plus the largest bound (burst 0)."""
+    limit = 60.0
+    la = LocalAdmission(AdmissionSettings(default_deadline_s=0.0))
+    tenant = TenantLimits("t", reserved_mu_per_min={"m": limit})
+    t = 0.0
+    running: list[tuple[float, RequestInfo, object, float]] = []
+    admitted: list[tuple[float, float]] = []
+
+    def finish(until: float) -> None:
+        for item in sorted((x for x in running if x[3] <= until), key=lambda x: x[3]):
+            running.remove(item)
+            _at, r, d, end = item
+            la.settle(tenant, r, d, r.bound_mu * actual_share[r.request_id], end)  # type: ignore[arg-type,operator]
+
+    actual_share: dict[str, float] = {}
+    for i, (gap, est, bound, act, run) in enumerate(requests):
+        finish(t + gap)
+        t += gap
+        r = RequestInfo(f"r{i}", "m", tenant="t", cost_mu=bound * est, bound_mu=bound)
+        actual_share[r.request_id] = act
+        d = la.submit(tenant, r, t)
+        if d is not None and d.allowed:
+            running.append((t, r, d, t + run))
+            admitted.append((t, bound * act))
+    finish(math.inf)
+    biggest = max(b for _g, _e, b, _a, _r in requests)
+    events = sorted(admitted)
+    for i, (t0, _c) in enumerate(events):
+        inside = math.fsum(c for t1, c in events[i:] if t1 < t0 + 60.0)
+        assert inside <= limit + biggest + 1e-6

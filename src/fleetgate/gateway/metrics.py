@@ -62,7 +62,7 @@ class GatewayMetrics:
             "fleetgate_usage_anomalies",
             "Engine usage reports cut to what the request could produce before settlement, by kind "
             "(negative, output_over_bound: over max_tokens, the context or what was streamed, "
-            "prompt_over_context).",
+            "prompt_over_context, parts_over_prompt: cached or image tokens beyond the prompt).",
             [*labels, "kind"],
             registry=self.registry,
         )

@@ -21,7 +21,7 @@ STREAM_TOKENS_PER_EVENT = 16
 @dataclass(frozen=True, slots=True)
 class BoundedUsage:
     usage: Usage
-    anomalies: tuple[str, ...]  # what was cut: negative, output_over_bound, prompt_over_context
+    anomalies: tuple[str, ...]  # negative, output_over_bound, prompt_over_context, parts_over_prompt
 
 
 def output_limit(max_output_tokens: int | None, context_tokens: int | None) -> int | None:
@@ -70,8 +70,10 @@ def bound_usage(
     if context_tokens is not None and fields["prompt_tokens"] > context_tokens:
         anomalies.append("prompt_over_context")
         fields["prompt_tokens"] = context_tokens
-    fields["cached_tokens"] = min(fields["cached_tokens"], fields["prompt_tokens"])
-    fields["image_tokens"] = min(fields["image_tokens"], fields["prompt_tokens"])
+    if max(fields["cached_tokens"], fields["image_tokens"]) > fields["prompt_tokens"]:
+        anomalies.append("parts_over_prompt")  # cached or image tokens are parts of the prompt
+        fields["cached_tokens"] = min(fields["cached_tokens"], fields["prompt_tokens"])
+        fields["image_tokens"] = min(fields["image_tokens"], fields["prompt_tokens"])
     if not anomalies:
         return BoundedUsage(usage, ())
     return BoundedUsage(replace(usage, **fields), tuple(anomalies))
