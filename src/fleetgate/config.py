@@ -110,6 +110,20 @@ class DeploymentConfig(_Strict):
         description="File holding `upstream_api_key` (e.g. a mounted Kubernetes Secret); re-read while the "
         "gateway runs (`gateway.secret_files_interval_s`), so a rotated key applies without a restart.",
     )
+    prefix_cache_scope: Literal["tenant", "shared"] = Field(
+        default="tenant",
+        description="`tenant`: each tenant's prompts get their own prefix hashes in routing and their own "
+        "engine cache salt, so no tenant can probe another's cached prompts (cached_tokens, time to first "
+        "token). `shared`: tenants share cache entries (a common system prompt hits across tenants); opt in "
+        "only where every tenant may learn what the others send. Only applies when tenants are configured.",
+    )
+    cache_salt_field: str | None = Field(
+        default="cache_salt",
+        description="Request field that carries the tenant's cache salt to the engine (vLLM and the "
+        "simulated engine: `cache_salt`); null for engines that reject unknown fields (their cache is "
+        "then shared "
+        "between tenants; see docs/reliability.md).",
+    )
     engine_priority: bool = Field(
         default=False,
         description="Forward the tenant's priority class to the engine's `priority` request field, in "
@@ -148,6 +162,41 @@ class GatewayConfig(_Strict):
     host: str = Field(default="127.0.0.1", description="Listen address.")
     port: int = Field(default=8080, ge=0, le=65535, description="Listen port (0 picks a free one).")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0, description="Largest accepted request body.")
+    max_messages: int = Field(default=2048, ge=1, description="Most chat messages in one request (else 400).")
+    max_content_parts: int = Field(
+        default=4096,
+        ge=1,
+        description="Most content parts of all messages of one request together (else 400).",
+    )
+    max_json_values: int = Field(
+        default=300_000,
+        ge=1,
+        description="Most JSON values (array items, object members) in one body, checked before decoding.",
+    )
+    tokenizer_cache_mb: float = Field(
+        default=40.0,
+        ge=0,
+        description="Memory for the prompt tokenizer's caches (long messages' pieces, histories' hashes).",
+    )
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most open client connections; more are closed at once (default: from the "
+        "file-descriptor limit, leaving room for upstream connections, probes and files).",
+    )
+    metrics_auth: Literal["admin", "none"] = Field(
+        default="admin",
+        description="Who may read GET /metrics on the main port: `admin` (an admin key as bearer token; "
+        "without admin keys only when no tenants are configured) or `none` (anyone who reaches the port).",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Also serve GET /metrics, without a key, on this port of `metrics_host` (for Prometheus "
+        "inside the cluster; 0 picks a free port); the main port keeps `metrics_auth`.",
+    )
+    metrics_host: str = Field(default="127.0.0.1", description="Listen address of `metrics_port`.")
     connect_timeout_s: float = Field(default=2.0, gt=0, description="Upstream connect timeout.")
     first_byte_timeout_s: float = Field(
         default=120.0, gt=0, description="Longest wait for an upstream's response headers/first byte."

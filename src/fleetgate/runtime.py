@@ -24,17 +24,18 @@ from fleetgate.core.autoscale import ReportingAutoscaler, autoscaler_from
 from fleetgate.core.engine_rates import EngineRateLearner
 from fleetgate.core.health import HealthPolicy, Transition
 from fleetgate.core.lifecycle import LifecycleObserver, SortedOutputHistory
+from fleetgate.core.tokenize import PromptTokenizer
 from fleetgate.core.types import HealthState, RandomSource
 from fleetgate.engines.client import UpstreamClient
 from fleetgate.engines.dialects import dialect
 from fleetgate.engines.metrics import EngineSignals
 from fleetgate.engines.scraper import MetricsScraper, ScrapeObserver, ScrapeTarget
 from fleetgate.gateway.admission import Admission, OpenAdmission
-from fleetgate.gateway.app import create_app
+from fleetgate.gateway.app import create_app, create_metrics_app
 from fleetgate.gateway.engine_rates import EngineRateListener, EngineRateMetrics
 from fleetgate.gateway.fleet import Deployment, Fleet, build_deployment
 from fleetgate.gateway.metrics import GatewayMetrics
-from fleetgate.gateway.proxy import Proxy, ResultListener
+from fleetgate.gateway.proxy import Proxy, ResultListener, default_parser
 from fleetgate.gateway.secrets import KeySink, SecretFiles
 from fleetgate.gateway.server import GatewayServer
 from fleetgate.health.families import HealthFamilies
@@ -62,6 +63,25 @@ def build_admission(cfg: FleetgateConfig, registry: CollectorRegistry | None = N
     from fleetgate.admission.service import AdmissionService
 
     return AdmissionService.from_config(cfg, registry=registry)
+
+
+def metrics_access(cfg: FleetgateConfig, admission: Admission) -> Callable[[str | None], None] | None:
+    """Who may read ``GET /metrics`` on the main port (``gateway.metrics_auth``): none means anyone.
+
+    ``admin``: when tenants are configured, only an admin key (401 without a valid key, 403 for a tenant's
+    key); a gateway without tenants has nothing per tenant to hide.
+    """
+    if cfg.gateway.metrics_auth == "none" or not cfg.tenants or isinstance(admission, OpenAdmission):
+        return None
+    from fleetgate.admission.tenants import Tenant
+    from fleetgate.core.errors import PermissionDeniedError
+
+    def check(authorization: str | None) -> None:
+        caller = admission.authenticate(authorization)  # AuthenticationError (401) without a valid key
+        if not (isinstance(caller, Tenant) and caller.admin):
+            raise PermissionDeniedError("GET /metrics needs the admin API key.", code="admin_only")
+
+    return check
 
 
 def build_images(cfg: FleetgateConfig) -> ImagePipeline | None:
@@ -170,7 +190,10 @@ def build_gateway(
     gw = cfg.gateway
     rng = rng if rng is not None else random.Random()
     history = SortedOutputHistory()  # one per fleet: a tenant's output lengths, whichever model served them
-    fleet = Fleet(build_deployment(d, history=history, observers=observers) for d in cfg.deployments)
+    fleet = Fleet(
+        (build_deployment(d, history=history, observers=observers) for d in cfg.deployments),
+        tokenizer=PromptTokenizer.with_budget(gw.tokenizer_cache_mb),
+    )
     client = UpstreamClient(connect_timeout_s=gw.connect_timeout_s)
     metrics = GatewayMetrics(fleet)
     gate = admission if admission is not None else build_admission(cfg, metrics.registry)
@@ -233,6 +256,7 @@ def build_gateway(
         images=images,
         listeners=[_result_observer(monitors)] if health else (),
         slo=ops,  # SLO window + access log
+        parser=default_parser(gw, fleet, isolate_tenants=bool(cfg.tenants)),
     )
     app = create_app(
         proxy=proxy,
@@ -242,6 +266,7 @@ def build_gateway(
         created=int(wall_clock()),
         models_require_key=gw.models_require_key,
         cors_allowed_origins=gw.cors_allowed_origins,
+        metrics_access=metrics_access(cfg, gate),
     )
     if images is not None:
         attach_images(app, images, prestart=cfg.multimodal.prestart, registry=metrics.registry)
@@ -252,7 +277,15 @@ def build_gateway(
         if isinstance(gate, AdmissionService):
             add_admin_routes(app, gate)  # /admin/tenants, /admin/usage, /admin/capacity
     ops.install(app, metrics.registry)  # SLO gauges, /admin/status, /ui, request ids in log lines
-    server = GatewayServer(config=gw, app=app, proxy=proxy, fleet=fleet, client=client, scraper=scraper)
+    server = GatewayServer(
+        config=gw,
+        app=app,
+        proxy=proxy,
+        fleet=fleet,
+        client=client,
+        scraper=scraper,
+        metrics_app=create_metrics_app(metrics) if gw.metrics_port is not None else None,
+    )
     secrets = SecretFiles(cfg, _KeyTargets(gate, fleet))
     if secrets:  # key files (mounted Secrets): read now, then re-read while running
         secrets.refresh(strict=True)
@@ -456,12 +489,21 @@ async def _listen(server: GatewayServer, port: int | None) -> str:
         raise ConfigError(f"gateway.port: cannot listen on {where}: {exc.strerror or exc}") from exc
 
 
+def _print_metrics_address(server: GatewayServer) -> None:
+    if server.metrics_port is not None:
+        print(
+            f"fleetgate metrics on http://{server.config.metrics_host}:{server.metrics_port}/metrics",
+            flush=True,
+        )
+
+
 async def serve(cfg: FleetgateConfig) -> None:
     """Run the gateway until SIGTERM/SIGINT, then drain and stop."""
     # static replicas: health detection and routing only, no restarts
     server = build_gateway(cfg, health=cfg.gateway.health_checks)
     url = await _listen(server.server, None)
     print(f"fleetgate ready on {url}", flush=True)
+    _print_metrics_address(server.server)
     sig = await _wait_for_signal()
     log.info("signal %d: draining (grace %.0f s)", sig, cfg.gateway.shutdown_grace_s)
     await server.stop()
@@ -528,6 +570,7 @@ async def up(cfg: FleetgateConfig, *, replicas: int, port: int, model: str) -> N
         url = await _listen(gateway.server, port)
         started = True
         print(f"fleetgate ready on {url}", flush=True)
+        _print_metrics_address(gateway.server)
         print(
             f"try: curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
             f'-d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'',

@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 MODEL = "chaos-model"
 KEYS = {"alpha": "sk-chaos-alpha-7f3e", "capped": "sk-chaos-capped-91ab", "admin": "sk-chaos-admin-c0de"}
+ADMIN_HEADERS = {"Authorization": f"Bearer {KEYS['admin']}"}  # GET /metrics needs the admin key
 LLAMA = "llama"  # the real llama.cpp replica's name in the gateways' config, metrics and access logs
 STAMP_BIAS = 100.0
 
@@ -996,7 +997,7 @@ class Chaos:
 
 async def fleet_health(url: str) -> dict[str, str]:
     """Replica -> health state from the gateway's ``fleetgate_health_state`` gauge."""
-    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+    async with aiohttp.ClientSession() as s, s.get(url + "/metrics", headers=ADMIN_HEADERS) as r:
         text = await r.text()
     states: dict[str, str] = {}
     for line in text.splitlines():
@@ -1087,7 +1088,10 @@ async def run_chaos(
         wall = time.monotonic() - t0
         await chaos.clear_all()
         recovered, recovery_s, health = await wait_full_health(gateways[1].url, engines + len(extra), 90.0)
-        async with aiohttp.ClientSession() as s, s.get(gateways[1].url + "/metrics") as r:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(gateways[1].url + "/metrics", headers=ADMIN_HEADERS) as r,
+        ):
             metrics_text = await r.text()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(gateways[0].proc.wait, 10)

@@ -68,7 +68,7 @@ def test_admin_status_slo_metrics_and_logs(start_engine: Any, tools: Any, tmp_pa
             denied = client.get(f"{url}/admin/status", headers={"Authorization": "Bearer sk-gold-t"})
             assert denied.status_code == 403 and denied.json()["error"]["type"] == "permission_error"
             status = client.get(f"{url}/admin/status", headers={"Authorization": "Bearer sk-admin-t"}).json()
-            metrics = client.get(f"{url}/metrics").text
+            metrics = client.get(f"{url}/metrics", headers={"Authorization": "Bearer sk-admin-t"}).text
             ui = client.get(f"{url}/ui")
             assert ui.status_code == 200 and "/ui/app.js" in ui.text
             assert client.get(f"{url}/ui/app.js").status_code == 200

@@ -102,7 +102,7 @@ def test_keys_never_in_logs_or_metrics(gateway: Any) -> None:
         chat(url, key, stream=True)
         chat(url, key, model="no-such-model")  # an error path too
         get(url, "/admin/usage", key)
-    metrics = httpx.get(url + "/metrics", timeout=10).text
+    metrics = get(url, "/metrics", KEYS["admin"]).text
     status = get(url, "/admin/status", KEYS["admin"]).text
     tenants = get(url, "/admin/tenants", KEYS["admin"]).text
     logs = gateway.output

@@ -85,3 +85,13 @@ def test_prometheus_config_and_rules() -> None:
         meta = dep["spec"]["template"]["metadata"]
         assert meta["labels"]["app.kubernetes.io/name"] == label
         assert meta["annotations"]["prometheus.io/scrape"] == "true"
+    # the gateway is scraped on its metrics-only port (GET /metrics on the API port needs the admin key)
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "gateway.yaml").read_text()))
+    (cm,) = [d for d in docs if d and d["kind"] == "ConfigMap"]
+    gateway_cfg = yaml.safe_load(cm["data"]["fleetgate.yaml"])["gateway"]
+    (dep,) = [d for d in docs if d and d["kind"] == "Deployment"]
+    port = dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"]
+    assert int(port) == gateway_cfg["metrics_port"] != gateway_cfg["port"]
+    (svc,) = [d for d in docs if d and d["kind"] == "Service"]
+    assert all(p["targetPort"] != "metrics" for p in svc["spec"]["ports"])
+    assert jobs["fleetgate-local"]["authorization"]["type"] == "Bearer"

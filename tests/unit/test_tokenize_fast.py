@@ -8,10 +8,11 @@ from hashlib import blake2b
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetgate.core import tokenize
 from fleetgate.core.tokenize import (
     _ASCII_PATTERN,
     TOKEN_PATTERN,
+    PromptTokenizer,
+    _chunk_pieces,
     block_hashes,
     count_and_hash,
     count_and_hash_chat,
@@ -69,12 +70,15 @@ _MESSAGE = st.fixed_dictionaries(
 def test_chat_per_message_matches_rendered_text(messages: list[dict[str, str]], block: int) -> None:
     text = render_chat_prompt(messages)
     expected = (text, len(TOKEN_PATTERN.findall(text)), _reference_hashes(text, block))
+    tok = PromptTokenizer()
     assert count_and_hash_chat(messages, block) == expected
-    assert count_and_hash_chat(messages, block) == expected  # from the cache this time
-    assert count_and_hash_chat(messages, block, hashes=False) == (*expected[:2], ())
+    assert tok.count_and_hash_chat(messages, block) == expected
+    assert tok.count_and_hash_chat(messages, block) == expected  # from the cache this time
+    assert tok.count_and_hash_chat(messages, block, hashes=False) == (*expected[:2], ())
 
 
 def test_chat_cache_long_history() -> None:
+    tok = PromptTokenizer()
     rng = random.Random(3)
     words = ["hello", " world", "international", "42", ",", "\n\n", "  ", "_x", "é", "naïve"]
     history: list[dict[str, str]] = []
@@ -82,10 +86,48 @@ def test_chat_cache_long_history() -> None:
         content = "".join(rng.choice(words) for _ in range(300))
         history.append({"role": "user" if turn % 2 == 0 else "assistant", "content": content})
         text = render_chat_prompt(history)
-        assert count_and_hash_chat(history) == (
+        assert tok.count_and_hash_chat(history) == (
             text,
             len(TOKEN_PATTERN.findall(text)),
             _reference_hashes(text, 16),
         )
-        if turn:  # the previous turn's history was remembered, and resumed from
-            assert any(key[1] and len(key[1]) == turn + 1 for key in tokenize._CHAIN_CACHE)
+        assert tok.cached_histories() == turn + 1  # each turn's history is remembered, and resumed from
+
+
+@settings(max_examples=400, deadline=None)
+@given(_MIXED, st.integers(min_value=1, max_value=16))
+def test_chunked_pieces_are_the_pieces(text: str, chunk: int) -> None:
+    """Tokenizing a long text chunk by chunk (to hold the interpreter lock briefly) changes no piece."""
+    assert _chunk_pieces(TOKEN_PATTERN, text, chunk) == TOKEN_PATTERN.findall(text)
+    if text.isascii():
+        raw = text.encode()
+        assert _chunk_pieces(_ASCII_PATTERN, raw, chunk) == _ASCII_PATTERN.findall(raw)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_MIXED, st.integers(min_value=1, max_value=6), st.binary(min_size=1, max_size=8))
+def test_salted_hashes(text: str, block: int, salt: bytes) -> None:
+    """A salt changes every block hash (tenant scope) and nothing else; the chat path agrees."""
+    plain = block_hashes(text, block)
+    salted = block_hashes(text, block, salt)
+    assert len(plain) == len(salted)
+    assert not set(plain) & set(salted)
+    messages = [{"role": "user", "content": text}]
+    rendered = render_chat_prompt(messages)
+    assert PromptTokenizer().count_and_hash_chat(messages, block, salt=salt)[2] == block_hashes(
+        rendered, block, salt
+    )
+
+
+def test_history_digest_is_linear() -> None:
+    """Many tiny messages: the history lookup is one pass (it was one key per prefix: quadratic)."""
+    import time
+
+    tok = PromptTokenizer()
+    timings = []
+    for n in (2000, 8000):
+        messages = [{"role": "user", "content": "x"} for _ in range(n)]
+        t0 = time.perf_counter()
+        tok.count_and_hash_chat(messages)
+        timings.append(time.perf_counter() - t0)
+    assert timings[1] < 12 * timings[0] + 0.05  # 4x the messages: about 4x the time, not 16x

@@ -5,6 +5,7 @@ The gateway turns these into OpenAI-style JSON in exactly one place (gateway/err
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 
 
@@ -114,3 +115,23 @@ class UpstreamError(FleetgateError):
 class UpstreamTimeoutError(UpstreamError):
     status = 504
     code = "upstream_timeout"
+
+
+#: errno values that say this process ran out of a local resource (descriptors, buffers, memory), not that
+#: the peer misbehaved.
+LOCAL_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def is_local_resource_error(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is this process running out of descriptors or memory.
+
+    Such a failure is evidence that the gateway is sick, never evidence against a replica: a probe or a
+    request that failed this way must not mark a replica unhealthy or make it be restarted.
+    """
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in LOCAL_RESOURCE_ERRNOS:
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False

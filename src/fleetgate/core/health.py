@@ -248,6 +248,13 @@ class ReplicaHealth:
             return self._to(HealthState.SUSPECT, f"probe_{error or 'failed'}", now)
         return []
 
+    def on_probe_inconclusive(self, now: float) -> list[HealthEvent]:
+        """The probe could not be sent (the gateway itself ran out of descriptors or memory): no evidence
+        about the replica either way; the next probe is due as usual."""
+        self.probe_inflight = False
+        self.last_probe_end_s = now
+        return []
+
     def on_remediation_done(self, now: float, ok: bool, error: str = "") -> list[HealthEvent]:
         """The provider finished (or failed) restarting; now wait for the engine to answer probes."""
         self.remediation_inflight = False

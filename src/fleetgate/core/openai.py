@@ -7,6 +7,7 @@ Everything else is left for the engine to judge: the body is forwarded unchanged
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -15,7 +16,7 @@ import orjson
 
 from fleetgate.core.errors import InvalidRequestError
 from fleetgate.core.sse import DONE_DATA, SSEParser
-from fleetgate.core.tokenize import block_hashes, count_and_hash, count_and_hash_chat, count_tokens
+from fleetgate.core.tokenize import PromptTokenizer, block_hashes, count_and_hash, count_tokens
 from fleetgate.core.tokenizer import Tokenizer, count_and_hash_chat_ids, count_and_hash_text
 from fleetgate.core.types import Priority, RequestInfo, Usage
 
@@ -44,6 +45,7 @@ class ParsedRequest:
     image_parts: int = 0
     prefix_hashes: tuple[int, ...] = ()
     block_tokens: int = 16
+    body_changed: bool = False  # ``body`` differs from the client's bytes (e.g. a cache salt was set)
 
     def request_info(
         self,
@@ -78,10 +80,45 @@ class ParsedRequest:
         )
 
 
-def load_json_body(raw: bytes) -> dict[str, Any]:
-    """Decode a request body; anything but a JSON object is a 400."""
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Bounds on the shape of one request body, checked before any per-item work (OpenAI-style 400s)."""
+
+    max_messages: int = 2048
+    max_content_parts: int = 4096  # content parts of all messages together
+    max_json_values: int = 300_000  # JSON values (array items, object members) in the whole body
+
+
+#: A JSON string (skipped whole) or one structural character that starts a value: ``,`` ``{`` ``[``.
+_JSON_STRUCTURE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[,\[{]')
+
+
+def count_json_values(raw: bytes, limit: int) -> int:
+    """Commas and opening brackets outside strings, stopping at ``limit + 1`` (about the number of values).
+
+    Decoding builds one object per value in a single call that cannot be interrupted; this bound is
+    checked first. Linear; bodies whose raw bytes hold few such characters skip the scan entirely.
+    """
+    rough = raw.count(b",") + raw.count(b"{") + raw.count(b"[")
+    if rough <= limit:
+        return rough
+    count = 0
+    for match in _JSON_STRUCTURE.finditer(raw):
+        if match.end() - match.start() == 1 and raw[match.start()] != 0x22:
+            count += 1
+            if count > limit:
+                break
+    return count
+
+
+def load_json_body(raw: bytes, limits: RequestLimits | None = None) -> dict[str, Any]:
+    """Decode a request body; anything but a JSON object is a 400 (so is one with too many values)."""
     if not raw:
         raise InvalidRequestError("The request body is empty; expected a JSON object.")
+    if limits is not None and count_json_values(raw, limits.max_json_values) > limits.max_json_values:
+        raise InvalidRequestError(
+            f"The request body holds more than {limits.max_json_values} JSON values.", code="too_many_values"
+        )
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -98,6 +135,9 @@ def parse_request(
     *,
     hashes: bool = True,
     tokenizer: Tokenizer | None = None,
+    prompt_tokenizer: PromptTokenizer | None = None,
+    limits: RequestLimits | None = None,
+    salt: bytes = b"",
 ) -> ParsedRequest:
     """Validate the fields the gateway relies on and extract them; raise ``InvalidRequestError`` otherwise.
 
@@ -105,6 +145,9 @@ def parse_request(
     tokenizer approximation, so they agree with what the simulated engine caches. ``hashes=False`` skips the
     hashes (``prefix_hashes`` stays empty) for deployments whose routing policy does not read them.
     ``tokenizer``: the model's real tokenizer (``core.tokenizer``), used instead of the approximation.
+    ``prompt_tokenizer`` keeps the approximation's caches (the fleet's; none: uncached), ``limits`` bound
+    the message and part counts (checked before any tokenizing), ``salt`` scopes the prefix hashes (a
+    tenant's own).
     """
     model = body.get("model")
     if model is None:
@@ -147,22 +190,25 @@ def parse_request(
     image_parts = 0
     if endpoint == "chat":
         messages = body.get("messages")
-        _check_messages(messages)
+        _check_messages(messages, limits)
         assert isinstance(messages, list)
         if tokenizer is None:
-            text, input_tokens, prefix = count_and_hash_chat(messages, block_tokens, hashes=hashes)
+            tok = prompt_tokenizer if prompt_tokenizer is not None else _uncached()
+            rendered = tok.count_and_hash_chat(messages, block_tokens, hashes=hashes, salt=salt)
         else:
-            rendered = count_and_hash_chat_ids(tokenizer, messages, block_tokens, hashes=hashes)
-            text, input_tokens, prefix = rendered
+            rendered = count_and_hash_chat_ids(tokenizer, messages, block_tokens, hashes=hashes, salt=salt)
+        text, input_tokens, prefix = rendered
         image_parts = _count_image_parts(messages)
     else:
         text, ids = _prompt_text(body.get("prompt"))
         if ids is None and tokenizer is not None:
-            input_tokens, prefix = count_and_hash_text(tokenizer, text, block_tokens, hashes=hashes)
+            input_tokens, prefix = count_and_hash_text(
+                tokenizer, text, block_tokens, hashes=hashes, salt=salt
+            )
         elif ids is None:
-            input_tokens, prefix = _count(text, block_tokens, hashes)
+            input_tokens, prefix = _count(text, block_tokens, hashes, salt)
         else:
-            input_tokens, prefix = ids, (block_hashes(text, block_tokens) if hashes else ())
+            input_tokens, prefix = ids, (block_hashes(text, block_tokens, salt) if hashes else ())
     return ParsedRequest(
         endpoint=endpoint,
         body=dict(body),
@@ -178,8 +224,12 @@ def parse_request(
     )
 
 
-def _count(text: str, block_tokens: int, hashes: bool) -> tuple[int, tuple[int, ...]]:
-    return count_and_hash(text, block_tokens) if hashes else (count_tokens(text), ())
+def _uncached() -> PromptTokenizer:
+    return PromptTokenizer(segment_cache_pieces=0, chain_cache_blocks=0)
+
+
+def _count(text: str, block_tokens: int, hashes: bool, salt: bytes) -> tuple[int, tuple[int, ...]]:
+    return count_and_hash(text, block_tokens, salt) if hashes else (count_tokens(text), ())
 
 
 def _positive_int_or_none(body: Mapping[str, Any], name: str) -> int | None:
@@ -193,13 +243,15 @@ def _positive_int_or_none(body: Mapping[str, Any], name: str) -> int | None:
     return value
 
 
-def _check_messages(messages: Any) -> None:
+def _check_messages(messages: Any, limits: RequestLimits | None = None) -> None:
     if messages is None:
         raise InvalidRequestError("you must provide a messages parameter", param="messages")
     if not isinstance(messages, list):
         raise InvalidRequestError("'messages' must be an array of message objects", param="messages")
     if not messages:
         raise InvalidRequestError("'messages' must contain at least one message", param="messages")
+    if limits is not None:
+        _check_counts(messages, limits)
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, Mapping):
@@ -223,6 +275,27 @@ def _check_messages(messages: Any) -> None:
                 raise InvalidRequestError(
                     f"'{where}.content[{j}].text' must be a string", param=f"{where}.content[{j}].text"
                 )
+
+
+def _check_counts(messages: list[Any], limits: RequestLimits) -> None:
+    """Message and content-part counts within ``limits`` (before any per-part work)."""
+    if len(messages) > limits.max_messages:
+        raise InvalidRequestError(
+            f"'messages' has {len(messages)} items; at most {limits.max_messages} are allowed.",
+            param="messages",
+            code="too_many_messages",
+        )
+    parts = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list):
+            parts += len(content)
+    if parts > limits.max_content_parts:
+        raise InvalidRequestError(
+            f"The messages have {parts} content parts; at most {limits.max_content_parts} are allowed.",
+            param="messages",
+            code="too_many_content_parts",
+        )
 
 
 def _count_image_parts(messages: Sequence[Mapping[str, Any]]) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from hashlib import blake2b
 from typing import Any, Protocol
 
-from fleetgate.core.tokenize import render_chat_prompt
+from fleetgate.core.tokenize import render_chat_prompt, salt_seed
 
 _HASH_BYTES = 8
 
@@ -28,14 +28,15 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> Sequence[int]: ...
 
 
-def id_block_hashes(ids: Sequence[int], block_tokens: int) -> tuple[int, ...]:
+def id_block_hashes(ids: Sequence[int], block_tokens: int, salt: bytes = b"") -> tuple[int, ...]:
     """Chained BLAKE2b hashes of the consecutive FULL blocks of ``block_tokens`` token ids (each hash covers
-    the whole prefix up to its block), as ``core.tokenize.block_hashes`` does for approximate pieces."""
+    the whole prefix up to its block), as ``core.tokenize.block_hashes`` does for approximate pieces;
+    ``salt`` seeds the chain (tenant-scoped hashes)."""
     if block_tokens <= 0:
         raise ValueError("block_tokens must be positive")
     full = len(ids) // block_tokens
     out: list[int] = []
-    prev = b""
+    prev = salt_seed(salt)
     raw = array("I", ids).tobytes()  # 4 bytes per id
     width = 4 * block_tokens
     for i in range(full):
@@ -46,11 +47,11 @@ def id_block_hashes(ids: Sequence[int], block_tokens: int) -> tuple[int, ...]:
 
 
 def count_and_hash_text(
-    tokenizer: Tokenizer, text: str, block_tokens: int = 16, *, hashes: bool = True
+    tokenizer: Tokenizer, text: str, block_tokens: int = 16, *, hashes: bool = True, salt: bytes = b""
 ) -> tuple[int, tuple[int, ...]]:
     """(token count, prefix-block hashes or ``()``) of ``text`` with the real tokenizer."""
     ids = tokenizer.encode(text)
-    return len(ids), (id_block_hashes(ids, block_tokens) if hashes else ())
+    return len(ids), (id_block_hashes(ids, block_tokens, salt) if hashes else ())
 
 
 def count_and_hash_chat_ids(
@@ -59,8 +60,9 @@ def count_and_hash_chat_ids(
     block_tokens: int = 16,
     *,
     hashes: bool = True,
+    salt: bytes = b"",
 ) -> tuple[str, int, tuple[int, ...]]:
     """``(rendered prompt, token count, prefix-block hashes)`` of chat ``messages`` with the tokenizer."""
     text = render_chat_prompt(messages)
-    count, out = count_and_hash_text(tokenizer, text, block_tokens, hashes=hashes)
+    count, out = count_and_hash_text(tokenizer, text, block_tokens, hashes=hashes, salt=salt)
     return text, count, out

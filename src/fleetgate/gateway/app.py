@@ -31,8 +31,11 @@ def create_app(
     ready: Callable[[], bool] = lambda: True,
     models_require_key: bool = True,
     cors_allowed_origins: Sequence[str] = (),
+    metrics_access: Callable[[str | None], None] | None = None,
 ) -> web.Application:
-    """The gateway app. ``ready`` says whether the process accepts traffic (False while draining)."""
+    """The gateway app. ``ready`` says whether the process accepts traffic (False while draining).
+    ``metrics_access`` checks the ``Authorization`` header of ``GET /metrics`` (raises a 401/403 error;
+    none: open): the metrics name every tenant, its reservation, usage and latency."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
     add_cors(app, cors_allowed_origins)
 
@@ -49,10 +52,9 @@ def create_app(
         return web.Response(body=b'{"status":"ready"}', content_type="application/json")
 
     async def prometheus(request: web.Request) -> web.Response:
-        body, content_type = render_metrics(metrics.registry, request.headers.get("Accept"))
-        resp = web.Response(body=body)
-        resp.headers["Content-Type"] = content_type
-        return resp
+        if metrics_access is not None:
+            metrics_access(request.headers.get("Authorization"))
+        return _exposition(metrics, request)
 
     async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
         # While draining, each response closes its keep-alive connection (clients reconnect elsewhere).
@@ -75,4 +77,22 @@ def create_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", prometheus)
     add_openapi_route(app, lambda: fleet.deployments)  # GET /openapi.json (fleetgate.gateway.openapi)
+    return app
+
+
+def _exposition(metrics: GatewayMetrics, request: web.Request) -> web.Response:
+    body, content_type = render_metrics(metrics.registry, request.headers.get("Accept"))
+    resp = web.Response(body=body)
+    resp.headers["Content-Type"] = content_type
+    return resp
+
+
+def create_metrics_app(metrics: GatewayMetrics) -> web.Application:
+    """``GET /metrics`` alone, without a key: for a separate listen address that only Prometheus reaches."""
+    app = web.Application(middlewares=[error_middleware])
+
+    async def prometheus(request: web.Request) -> web.Response:
+        return _exposition(metrics, request)
+
+    app.router.add_get("/metrics", prometheus)
     return app

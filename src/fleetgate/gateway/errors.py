@@ -113,6 +113,21 @@ def upstream_rejection(status: int, raw: bytes) -> FleetgateError | None:
     return err
 
 
+def malformed_request_response(status: int) -> web.Response:
+    """The answer to a request aiohttp could not parse (or an error outside every handler): JSON, no echo
+    of what was sent, connection closed."""
+    if status >= 500:
+        err = FleetgateError("Internal gateway error.")
+    else:
+        err = InvalidRequestError("Malformed HTTP request.", code="bad_http_request")
+        err.status = status
+    response = web.Response(
+        status=err.status, body=orjson.dumps(err.to_dict()), content_type="application/json"
+    )
+    response.force_close()
+    return response
+
+
 def payload_too_large(limit: int) -> PayloadTooLargeError:
     return PayloadTooLargeError(f"Request body exceeds the limit of {limit} bytes.", param="body")
 

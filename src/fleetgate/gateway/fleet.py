@@ -20,6 +20,7 @@ from fleetgate.core.errors import NotFoundError
 from fleetgate.core.lifecycle import Lifecycle, LifecycleObserver, ReplicaLoad, SortedOutputHistory
 from fleetgate.core.routing.base import RoutingPolicy
 from fleetgate.core.routing.registry import build_policy
+from fleetgate.core.tokenize import PromptTokenizer
 from fleetgate.core.tokenizer import Tokenizer
 from fleetgate.core.types import HealthState, RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
 from fleetgate.core.units import CostProfile
@@ -178,10 +179,14 @@ def build_deployment(
 
 
 class Fleet:
-    """All deployments by model name (each with its request lifecycle)."""
+    """All deployments by model name (each with its request lifecycle), and the prompt tokenizer of the
+    approximation (its caches are the fleet's, sized from config)."""
 
-    def __init__(self, deployments: Iterable[Deployment] = ()) -> None:
+    def __init__(
+        self, deployments: Iterable[Deployment] = (), *, tokenizer: PromptTokenizer | None = None
+    ) -> None:
         self.deployments: dict[str, Deployment] = {d.model: d for d in deployments}
+        self.prompt_tokenizer = tokenizer if tokenizer is not None else PromptTokenizer()
 
     def get(self, model: str) -> Deployment:
         deployment = self.deployments.get(model)

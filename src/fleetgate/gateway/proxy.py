@@ -40,14 +40,14 @@ from fleetgate.core.errors import (
     ServiceUnavailableError,
     UpstreamError,
     UpstreamTimeoutError,
+    is_local_resource_error,
 )
 from fleetgate.core.failover import FailoverTracker, static_refusal
 from fleetgate.core.openai import (
     Endpoint,
     ParsedRequest,
+    RequestLimits,
     StreamTracker,
-    load_json_body,
-    parse_request,
     usage_from_body,
     with_stream_usage,
 )
@@ -74,6 +74,7 @@ from fleetgate.gateway.errors import (
 from fleetgate.gateway.fleet import Deployment, Fleet, ReplicaState
 from fleetgate.gateway.gate import GateShell
 from fleetgate.gateway.metrics import GatewayMetrics
+from fleetgate.gateway.parsing import RequestParser
 
 if TYPE_CHECKING:
     from fleetgate.multimodal.pipeline import ImagePipeline
@@ -120,6 +121,7 @@ class _Call:
     ran: bool = False  # the engine produced output for the client (settle rather than release)
     ok: bool = False  # the replica behaved (no upstream failure)
     client_gone: bool = False
+    local_error: bool = False  # the gateway itself ran out of resources: says nothing about the replica
     usage: Usage | None = None
     output_events: int = 0
     status: int = 500
@@ -155,8 +157,11 @@ class Proxy:
         images: ImagePipeline | None = None,
         listeners: Sequence[ResultListener] = (),
         slo: RequestObserver | None = None,
+        parser: RequestParser | None = None,
     ) -> None:
         self.config = config
+        #: raw body -> (deployment, parsed request): bounded, tenant-scoped hashes, large bodies off the loop
+        self.parser = parser if parser is not None else default_parser(config, fleet)
         self.images = images  # multimodal preprocessing; only image requests touch it
         self.fleet = fleet
         self.client = client
@@ -203,17 +208,9 @@ class Proxy:
         try:
             tenant = self.admission.authenticate(request.headers.get("Authorization"))
             call.tenant = tenant_name(tenant)
-            body = load_json_body(await self._read_body(request))
-            model = body.get("model")
-            known = self.fleet.deployments.get(model) if isinstance(model, str) else None
-            parsed = parse_request(
-                body,
-                endpoint,
-                16 if known is None else known.block_tokens,
-                hashes=known is None or _uses_prefix_hashes(known),
-                tokenizer=None if known is None else known.tokenizer,
-            )
-            deployment = self.fleet.get(parsed.model)
+            # bounded shape and model lookup before any tokenizing; large bodies off the loop
+            raw = await self._read_body(request)
+            deployment, parsed = await self.parser.parse(raw, endpoint, call.tenant)
             image_tokens = 0
             if parsed.image_parts and self.images is not None:  # text-only requests skip this entirely
                 new_body, image_tokens = await self.images.process_body(parsed.body, parsed.model)
@@ -287,7 +284,7 @@ class Proxy:
         """The body to send (``None``: forward the client's bytes) and whether to strip injected usage."""
         body: dict[str, Any] | None = None
         strip = False
-        if parsed.image_parts and self.images is not None:  # images were re-encoded into parsed.body
+        if parsed.body_changed or (parsed.image_parts and self.images is not None):  # (images re-encoded)
             body = parsed.body
         if deployment.upstream_model != parsed.model:
             body = {**parsed.body, "model": deployment.upstream_model}
@@ -375,7 +372,7 @@ class Proxy:
         self, deployment: Deployment, replica: ReplicaState, info: RequestInfo, call: _Call
     ) -> None:
         now = self.clock()
-        neutral = call.client_gone  # the client left: says nothing about the replica
+        neutral = call.client_gone or call.local_error  # the client left, or the gateway is out of resources
         ok = call.ok or neutral
         deployment.lifecycle.finish(info, replica.name, replica, now, call.attempt_usage or call.usage, ok)
         for listener in self.listeners:
@@ -456,6 +453,14 @@ class Proxy:
                 retryable=False,
             ) from exc
         except (aiohttp.ClientError, OSError) as exc:
+            if is_local_resource_error(exc):  # the gateway is out of descriptors/memory: not the replica
+                call.local_error = True
+                log.error(
+                    "request %s: the gateway is out of resources (%s)", request_id, exc.__class__.__name__
+                )
+                raise ServiceUnavailableError(
+                    "The gateway is overloaded; retry shortly.", retry_after_s=1.0
+                ) from exc
             raise UpstreamError(
                 f"replica {replica.name} failed: {exc.__class__.__name__}: {exc}", retryable=not answering
             ) from exc
@@ -837,6 +842,22 @@ class _RelayResponse(web.StreamResponse):
 def _uses_prefix_hashes(deployment: Deployment) -> bool:
     """Whether the deployment's policy reads prefix hashes (its declared ``uses_prefix_hashes``)."""
     return deployment.policy.uses_prefix_hashes
+
+
+def default_parser(config: GatewayConfig, fleet: Fleet, *, isolate_tenants: bool = False) -> RequestParser:
+    """The parser for ``config``: its limits, the fleet's tokenizer, hashes where routing needs them."""
+    return RequestParser(
+        fleet,
+        tokenizer=fleet.prompt_tokenizer,
+        limits=RequestLimits(
+            max_messages=config.max_messages,
+            max_content_parts=config.max_content_parts,
+            max_json_values=config.max_json_values,
+        ),
+        isolate_tenants=isolate_tenants,
+        hashes_for=_uses_prefix_hashes,
+        lane_cache_mb=config.tokenizer_cache_mb,
+    )
 
 
 def _session_key(request: web.Request, parsed: ParsedRequest) -> str | None:

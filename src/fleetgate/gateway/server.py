@@ -16,15 +16,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from fleetgate.config import GatewayConfig
 from fleetgate.engines.client import UpstreamClient
 from fleetgate.engines.scraper import MetricsScraper
+from fleetgate.gateway.errors import malformed_request_response
 from fleetgate.gateway.fleet import Fleet
 from fleetgate.gateway.proxy import Proxy
 
@@ -43,8 +46,14 @@ class GatewayServer:
         fleet: Fleet,
         client: UpstreamClient,
         scraper: MetricsScraper | None = None,
+        metrics_app: web.Application | None = None,
     ) -> None:
         self.config = config
+        #: ``GET /metrics`` without a key on ``metrics_host:metrics_port`` (when configured)
+        self.metrics_app = metrics_app
+        self.metrics_port: int | None = None
+        self._metrics_runner: web.AppRunner | None = None
+        self.max_connections = 0  # client connections allowed at once (set by start, from the fd limit)
         self.app = app
         self.proxy = proxy
         self.fleet = fleet
@@ -75,9 +84,11 @@ class GatewayServer:
 
     async def start(self, port: int | None = None) -> str:
         """Listen (``port`` overrides the config; 0 picks a free port) and start scraping; returns the URL."""
+        self.max_connections = connection_limit(self.config.max_connections, raise_fd_limit())
         self.runner = _GatewayRunner(
             self.app,
             header_timeout_s=self.config.client_header_timeout_s,
+            max_connections=self.max_connections,
             handle_signals=False,
             access_log=None,
             handler_cancellation=True,
@@ -93,6 +104,15 @@ class GatewayServer:
         # asyncio's or uvloop's Server (both have ``sockets``; the abstract type declares none)
         sockets = cast(asyncio.Server, server).sockets if server is not None else []
         self.port = sockets[0].getsockname()[1] if sockets else (port or self.config.port)
+        if self.metrics_app is not None and self.config.metrics_port is not None:
+            self._metrics_runner = web.AppRunner(self.metrics_app, handle_signals=False, access_log=None)
+            await self._metrics_runner.setup()
+            metrics_site = web.TCPSite(
+                self._metrics_runner, self.config.metrics_host, self.config.metrics_port
+            )
+            await metrics_site.start()
+            bound = getattr(metrics_site._server, "sockets", None) or []  # the port picked for 0
+            self.metrics_port = bound[0].getsockname()[1] if bound else self.config.metrics_port
         self.sync_replicas()
         self._tasks = [asyncio.create_task(_guard(name, run), name=name) for name, run in self._loops]
         for _, start_service, _ in self._services:
@@ -121,6 +141,9 @@ class GatewayServer:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+            self._metrics_runner = None
         for name, _, stop_service in reversed(self._services):
             try:
                 await stop_service()
@@ -135,6 +158,7 @@ class GatewayServer:
         if self.scraper is not None:
             await self.scraper.stop()
         await self.client.close()
+        self.proxy.parser.close()
         return drained
 
     async def _linger(self, until: float) -> None:
@@ -157,17 +181,73 @@ def _busy(conn: RequestHandler) -> bool:
     return bool(conn._request_in_progress or conn._messages)
 
 
+def raise_fd_limit() -> int:
+    """Raise this process's soft descriptor limit to its hard limit (at most 2**20); returns the soft limit.
+
+    The gateway holds one descriptor per client connection, per upstream connection and per probe: a low
+    soft limit (1024 is common) is the first resource a connection flood exhausts.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = min(hard if hard != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def connection_limit(configured: int | None, fd_limit: int) -> int:
+    """Client connections allowed at once: below the descriptor limit, leaving a quarter of it (at least 64)
+    for upstream connections, probes, scrapes, image workers and files. A configured value is capped there."""
+    reserve = max(64, fd_limit // 4)
+    auto = max(8, fd_limit - reserve)
+    if configured is not None and configured > auto:
+        log.warning(
+            "gateway.max_connections %d capped at %d (descriptor limit %d)", configured, auto, fd_limit
+        )
+    return auto if configured is None else min(configured, auto)
+
+
+_TOO_MANY_CONNECTIONS = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+)
+
+
+def _too_many_connections_response() -> bytes:
+    body = (
+        b'{"error":{"message":"The gateway has too many open connections; retry shortly.",'
+        b'"type":"server_error","param":null,"code":"too_many_connections"}}'
+    )
+    return _TOO_MANY_CONNECTIONS % (len(body), body)
+
+
 class _HeaderTimeoutHandler(RequestHandler):
     """aiohttp's connection handler plus a header deadline: once the first bytes of a request arrived, the
     complete request head must follow within ``header_timeout_s`` or the connection is closed (aiohttp
-    itself only closes idle connections, after its keep-alive timeout)."""
+    itself only closes idle connections, after its keep-alive timeout). Connections above the server's
+    limit are answered 503 and closed at once (they would otherwise take the descriptors that probes and
+    upstream connections need)."""
 
-    __slots__ = ("_header_handle", "_header_timeout_s")
+    __slots__ = ("_header_handle", "_header_timeout_s", "_max_connections")
 
-    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, header_timeout_s: float, max_connections: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timeout_s = header_timeout_s
+        self._max_connections = max_connections
         self._header_handle: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        manager = self._manager
+        if manager is not None and len(manager.connections) > self._max_connections:
+            own = self.transport  # (uvloop's transports are not asyncio's classes: use aiohttp's handle)
+            if own is not None:
+                own.write(_too_many_connections_response())
+                own.close()  # after the buffered answer is sent
+            self.force_close()
+            if isinstance(manager, _HeaderTimeoutServer):
+                manager.note_refusal(self._loop.time())
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -185,6 +265,28 @@ class _HeaderTimeoutHandler(RequestHandler):
             log.info("closing a connection: no complete request head within %.1f s", self._header_timeout_s)
             self.force_close()
 
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """Malformed requests (bad bytes, too many headers, bare LF ...) and errors outside the handlers.
+
+        aiohttp logs the parser's message (which quotes the raw bytes: bearer keys, prompts) with a
+        traceback and echoes it in a text/plain 400. Here: one log line naming the kind of error, never the
+        bytes, and an OpenAI-shaped JSON body that echoes nothing. Always closes the connection.
+        """
+        kind = exc.__class__.__name__ if exc is not None else "error"
+        if status >= 500:
+            log.error("internal error outside a request handler (%s)", kind)
+        else:
+            log.info("rejected a malformed request: HTTP %d (%s)", status, kind)
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started: cannot send the error")
+        return malformed_request_response(status)
+
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._header_handle is not None:
             self._header_handle.cancel()
@@ -195,16 +297,20 @@ class _HeaderTimeoutHandler(RequestHandler):
 class _GatewayRunner(web.AppRunner):
     """An ``AppRunner`` whose connections use ``_HeaderTimeoutHandler``."""
 
-    __slots__ = ("_header_timeout_s",)
+    __slots__ = ("_header_timeout_s", "_max_connections")
 
-    def __init__(self, app: web.Application, *, header_timeout_s: float, **kwargs: Any) -> None:
+    def __init__(
+        self, app: web.Application, *, header_timeout_s: float, max_connections: int, **kwargs: Any
+    ) -> None:
         super().__init__(app, **kwargs)
         self._header_timeout_s = header_timeout_s
+        self._max_connections = max_connections
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _HeaderTimeoutServer  # same state; only the connection handler class differs
         server._header_timeout_s = self._header_timeout_s  # type: ignore[attr-defined]
+        server._max_connections = self._max_connections  # type: ignore[attr-defined]
         return server
 
 
@@ -212,10 +318,28 @@ class _HeaderTimeoutServer(web.Server):
     """aiohttp's protocol factory, building ``_HeaderTimeoutHandler`` connections."""
 
     _header_timeout_s: float
+    _max_connections: int
+    refused = 0  # connections refused over the limit (this server's count)
+    _refusal_logged_s = -1e9
+
+    def note_refusal(self, now: float) -> None:
+        """Count a refused connection; log at most one line per second about them."""
+        self.refused += 1
+        if now - self._refusal_logged_s >= 1.0:
+            self._refusal_logged_s = now
+            log.warning(
+                "connection limit %d reached: refusing new connections (%d so far)",
+                self._max_connections,
+                self.refused,
+            )
 
     def __call__(self) -> RequestHandler:
         return _HeaderTimeoutHandler(
-            self, loop=self._loop, header_timeout_s=self._header_timeout_s, **self._kwargs
+            self,
+            loop=self._loop,
+            header_timeout_s=self._header_timeout_s,
+            max_connections=self._max_connections,
+            **self._kwargs,
         )
 
 

@@ -31,6 +31,7 @@ import aiohttp
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from fleetgate.core.errors import is_local_resource_error
 from fleetgate.core.health import HealthEvent, HealthPolicy, ProbeNow, Remediate, ReplicaHealth, Transition
 from fleetgate.core.types import HealthState
 from fleetgate.engines.dialects import EngineDialect
@@ -59,6 +60,7 @@ class ProbeResult:
     ok: bool
     latency_s: float
     error: str = ""
+    local: bool = False  # the gateway could not send it (out of descriptors ...): says nothing of the replica
 
 
 class Series(Protocol):
@@ -367,9 +369,13 @@ class HealthMonitor:
                 status, text = await self._post(url, body)
         except TimeoutError:
             return ProbeResult(False, self.clock() - start, "timeout")
-        except aiohttp.ClientConnectorError:
-            return ProbeResult(False, self.clock() - start, "refused")
-        except (aiohttp.ClientError, OSError) as exc:
+        except OSError as exc:  # aiohttp's connection errors are OSErrors too
+            if is_local_resource_error(exc):
+                return ProbeResult(False, self.clock() - start, f"local_{exc.__class__.__name__}", local=True)
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                return ProbeResult(False, self.clock() - start, "refused")
+            return ProbeResult(False, self.clock() - start, f"io_{exc.__class__.__name__}")
+        except aiohttp.ClientError as exc:
             return ProbeResult(False, self.clock() - start, f"io_{exc.__class__.__name__}")
         latency = self.clock() - start
         if status != 200:
@@ -395,11 +401,19 @@ class HealthMonitor:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # never leave the state machine waiting for a probe that died
-            res = ProbeResult(False, 0.0, f"error_{exc.__class__.__name__}")
+            local = is_local_resource_error(exc)
+            res = ProbeResult(False, 0.0, f"error_{exc.__class__.__name__}", local=local)
         outcome = "ok" if res.ok else (res.error or "failed")
         self.metrics.probe_latency.labels(replica=name, outcome=outcome).observe(res.latency_s)
-        self.probe_latencies.append((name, res.ok, res.latency_s))
         rh = self._health.get(name)
+        if res.local:  # the gateway is sick (out of descriptors or memory), not the replica
+            log.error(
+                "health probe replica=%s not sent: the gateway is out of resources (%s)", name, res.error
+            )
+            if rh is not None:
+                self._handle(name, rh.on_probe_inconclusive(self.clock()))
+            return
+        self.probe_latencies.append((name, res.ok, res.latency_s))
         if rh is not None:
             self._handle(name, rh.on_probe(self.clock(), res.ok, res.latency_s, res.error))
 

@@ -276,12 +276,15 @@ class SimEngine:
             prompts = _prompts(body.get("prompt"), echo=bool(body.get("echo")))
         if len(prompts) * n > _MAX_N:
             raise InvalidRequestError(f"At most {_MAX_N} choices per request (prompts x n).", param="n")
+        cache_salt = body.get("cache_salt")  # vLLM's field: prompts with different salts share no cache entry
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise InvalidRequestError("'cache_salt' must be a non-empty string", param="cache_salt")
         params = self.config.params
         choices: list[ChoicePlan] = []
         firsts: list[ChoicePlan] = []
         for p_index, prompt in enumerate(prompts):
             max_tokens = self._max_tokens(parsed, prompt.tokens, endpoint)
-            hashes = block_hashes(prompt.text, params.block_tokens)
+            hashes = block_hashes(prompt.text, params.block_tokens, (cache_salt or "").encode())
             for j in range(n):
                 # the salt goes first: the text stays a running function of the prompt and the tokens before
                 # it, so a continuation (prompt + partial answer, same seed) goes on exactly

@@ -135,7 +135,19 @@ class LocalProcessProvider:
             raise ProviderError(f"unknown replica {name!r}")
         log.info("restarting replica %s on port %d", name, proc.port)
         await self._kill(proc)
-        await self._start(name, proc.port)
+        try:
+            await self._start(name, proc.port)
+        except Exception as exc:
+            # Keep it known under its name and address (not routable: the prober has it unhealthy and
+            # retries the restart with backoff); forgetting it would lose the replica for good.
+            failed = self._procs.get(name)
+            if failed is not None:
+                failed.url = failed.url or proc.url
+                failed.status = ReplicaStatus.STARTING
+            self._notify()
+            if isinstance(exc, ProviderError):
+                raise
+            raise ProviderError(f"replica {name} could not be restarted: {exc}") from exc
         self._notify()
         return self._procs[name].info()
 
@@ -177,8 +189,16 @@ class LocalProcessProvider:
                 return name
 
     def _notify(self) -> None:
+        """Tell the gateway which replicas exist: running ones, and ones whose restart failed (kept, under
+        their address, so the prober keeps retrying them)."""
         if self.on_change is not None:
-            self.on_change([p.info() for p in self._procs.values() if p.status == ReplicaStatus.RUNNING])
+            self.on_change(
+                [
+                    p.info()
+                    for p in self._procs.values()
+                    if p.status == ReplicaStatus.RUNNING or (p.status == ReplicaStatus.STARTING and p.url)
+                ]
+            )
 
     async def _drain_and_stop(self, proc: _Proc) -> None:
         proc.status = ReplicaStatus.DRAINING
