@@ -121,8 +121,7 @@ class DeploymentConfig(_Strict):
         default="cache_salt",
         description="Request field that carries the tenant's cache salt to the engine (vLLM and the "
         "simulated engine: `cache_salt`); null for engines that reject unknown fields (their cache is "
-        "then shared "
-        "between tenants; see docs/reliability.md).",
+        "then shared between tenants; see docs/reliability.md).",
     )
     engine_priority: bool = Field(
         default=False,
@@ -163,26 +162,11 @@ class GatewayConfig(_Strict):
     port: int = Field(default=8080, ge=0, le=65535, description="Listen port (0 picks a free one).")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0, description="Largest accepted request body.")
     max_messages: int = Field(default=2048, ge=1, description="Most chat messages in one request (else 400).")
-    max_content_parts: int = Field(
-        default=4096,
-        ge=1,
-        description="Most content parts of all messages of one request together (else 400).",
-    )
-    max_json_values: int = Field(
-        default=300_000,
-        ge=1,
-        description="Most JSON values (array items, object members) in one body, checked before decoding.",
-    )
-    tokenizer_cache_mb: float = Field(
-        default=40.0,
-        ge=0,
-        description="Memory for the prompt tokenizer's caches (long messages' pieces, histories' hashes).",
-    )
+    max_content_parts: int = Field(default=4096, ge=1, description="Most content parts in one request (400).")
+    max_json_values: int = Field(default=300_000, ge=1, description="Most JSON values in one body (400).")
+    tokenizer_cache_mb: float = Field(default=40.0, ge=0, description="Prompt tokenizer caches' memory (MB).")
     max_connections: int | None = Field(
-        default=None,
-        ge=1,
-        description="Most open client connections; more are closed at once (default: from the "
-        "file-descriptor limit, leaving room for upstream connections, probes and files).",
+        default=None, ge=1, description="Most open client connections (default: the fd limit less a quarter)."
     )
     metrics_auth: Literal["admin", "none"] = Field(
         default="admin",
