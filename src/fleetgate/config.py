@@ -76,6 +76,11 @@ class FailoverConfig(_Strict):
     timeout_s: float = Field(
         default=30.0, gt=0, description="Longest wait for a continuation's first event (then try the next)."
     )
+    non_stream: bool = Field(
+        default=False,
+        description="Stream plain-text non-streamed requests from the engine and answer them in one body, so "
+        "that a failure mid-generation is continued like a stream (costs the gateway about 5 us per token).",
+    )
 
 
 class DeploymentConfig(_Strict):

@@ -235,3 +235,49 @@ def test_failover_overhead_in_capacity_ledger_and_tenant_charged_client_usage(
         assert totals["prompt_tokens"] == sum(u["prompt_tokens"] for u in usage)
     finally:
         gateway.kill()
+
+
+def test_non_stream_request_continued_mid_generation_with_failover_non_stream(
+    start_engine: Any, start_gateway: Any
+) -> None:
+    """``failover.non_stream``: a plain non-streamed request is streamed from the engine; its replica crashes
+    mid-generation, another continues, and the client gets one JSON answer equal to the unbroken one."""
+    engines = [start_engine(MODEL, time_scale="1.0", wait=False) for _ in range(2)]
+    for e in engines:
+        e.wait_ready()
+    gateway = start_gateway(
+        {MODEL: engines},
+        policy="round_robin",
+        deployment={"failover": {"non_stream": True, "timeout_s": 2.0}},
+        stream_idle_timeout_s=1.0,
+    )
+    bodies = [{**_body(i), "stream": False} for i in range(4)]
+    for b in bodies:
+        b.pop("stream_options")
+
+    async def run(crash: bool) -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
+            tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=b)) for b in bodies]
+            if crash:
+                await asyncio.sleep(0.4)
+                async with httpx.AsyncClient(timeout=5) as c:
+                    try:
+                        await c.post(engines[0].url + "/admin/fault", json={"kind": "crash", "value": 0.01})
+                    except httpx.HTTPError:
+                        pass
+            out = []
+            for t in tasks:
+                r = await t
+                assert r.status_code == 200, r.text
+                out.append(r.json())
+            return out
+
+    healthy = asyncio.run(run(crash=False))
+    broken = asyncio.run(run(crash=True))
+    for ref, got in zip(healthy, broken, strict=True):
+        assert got["object"] == "chat.completion"
+        assert got["choices"][0]["message"]["content"] == ref["choices"][0]["message"]["content"]
+        assert got["choices"][0]["finish_reason"] == "length"
+        assert _same_usage(got["usage"], ref["usage"]) and got["usage"]["completion_tokens"] == TOKENS
+    metrics = httpx.get(gateway.url + "/metrics").text
+    assert _metric(metrics, "fleetgate_interrupted_streams_total", outcome="continued") == 2

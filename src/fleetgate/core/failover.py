@@ -384,6 +384,28 @@ class FailoverTracker:
         )
         return [*self.attempts, last]
 
+    def response_body(self) -> dict[str, Any]:
+        """The non-streamed answer this stream amounts to (``failover.non_stream``: the gateway streamed a
+        non-streamed request from the engine): OpenAI's ``chat.completion`` or ``text_completion``."""
+        choice: dict[str, Any] = {"index": 0}
+        if self.endpoint == "chat":
+            choice["message"] = {"role": "assistant", "content": self.text}
+        else:
+            choice["text"] = self.text
+        choice["logprobs"] = None
+        choice["finish_reason"] = self.finish_reason
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion" if self.endpoint == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage_dict(self.final_usage()),
+        }
+        if self.fingerprint is not None:
+            body["system_fingerprint"] = self.fingerprint
+        return body
+
     def closing_events(self, include_usage: bool) -> bytes:
         """What ends a stream whose answer was already complete (finish seen, or no tokens left) although
         its upstream broke before ``[DONE]``: a finish chunk when none was sent, usage if asked, and

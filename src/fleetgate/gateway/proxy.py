@@ -391,7 +391,14 @@ class Proxy:
         request_id: str = request["request_id"]
         url = replica.url + PATHS[parsed.endpoint]
         headers = {**deployment.upstream_headers, REQUEST_ID_HEADER: request_id}
-        stream = parsed.stream
+        # failover.non_stream: a plain-text non-streamed request is streamed from the engine and answered
+        # in one body, so that a failure mid-generation can be continued like a stream
+        collect = not parsed.stream and self._collects(parsed, deployment)
+        if collect:
+            body = call.body = orjson.dumps(
+                {**orjson.loads(body), "stream": True, "stream_options": {"include_usage": True}}
+            )
+        stream = parsed.stream or collect
         # A stream must show life within first_byte_timeout_s (then idle timeouts apply); a non-streamed
         # answer arrives whole (vLLM sends its headers with the body), so it gets the separate total limit.
         timeout_s = self.config.first_byte_timeout_s if stream else self.config.non_stream_timeout_s
@@ -402,7 +409,7 @@ class Proxy:
                 parsed.endpoint,
                 strip_usage=strip,
                 prompt_tokens=parsed.input_tokens,
-                client_usage=parsed.include_usage,
+                client_usage=parsed.include_usage or collect,
             )
         else:
             tracker = StreamTracker(strip_usage=strip)
@@ -464,7 +471,79 @@ class Proxy:
             raise UpstreamError(
                 f"replica {replica.name} failed: {exc.__class__.__name__}: {exc}", retryable=not answering
             ) from exc
+        if collect and isinstance(tracker, FailoverTracker):
+            return await self._collect(request, replica, upstream, tracker, call, deployment)
         return await self._stream(request, replica, upstream, tracker, first, call, deployment)
+
+    def _collects(self, parsed: ParsedRequest, deployment: Deployment) -> bool:
+        """Whether a non-streamed request is streamed from the engine (``failover.non_stream``): plain
+        text only, and no tools (a non-streamed tool call would have to be reassembled from deltas)."""
+        body = parsed.body
+        return (
+            deployment.config.failover.non_stream
+            and self._failover_refusal(parsed, deployment) is None
+            and not body.get("tools")
+            and not body.get("functions")
+        )
+
+    async def _collect(
+        self,
+        request: web.Request,
+        replica: ReplicaState,
+        upstream: aiohttp.ClientResponse,
+        tracker: FailoverTracker,
+        call: _Call,
+        deployment: Deployment,
+    ) -> web.StreamResponse:
+        """The non-streamed answer of a request streamed from the engine (its first event arrived): read
+        the stream to its end, continue it on another replica if it breaks, answer with one JSON body."""
+        call.ran = True
+        sink = _Collector(self.config.max_upstream_body_bytes, replica)
+        error: FleetgateError | None = None
+        idle = self.config.stream_idle_timeout_s
+        try:
+            try:
+                if not upstream.content.at_eof():
+                    await self._relay(sink, upstream.content, tracker, idle)
+            except TimeoutError:
+                error = UpstreamTimeoutError(
+                    f"replica {replica.name} stalled for {idle:g} s", retryable=False
+                )
+            except (aiohttp.ClientError, OSError) as exc:
+                error = UpstreamError(
+                    f"replica {replica.name} broke: {exc.__class__.__name__}", retryable=False
+                )
+            if error is None and (tracker.truncated or tracker.error is not None):
+                error = UpstreamError(f"replica {replica.name} ended the stream early", retryable=False)
+            if error is not None:
+                log.warning("request %s: %s", request["request_id"], error.message)
+                upstream.close()
+                _, error = await self._continue(request, sink, deployment, replica, tracker, call, error)
+                outcome = "error" if error is not None else "continued"
+                self.metrics.interrupted_streams.labels(deployment.model, outcome).inc()
+            else:
+                call.ok = True
+        finally:
+            call.usage = tracker.final_usage()
+            call.output_events = tracker.data_events
+            if tracker.attempts:
+                broken = tracker.attempts[0]
+                call.attempt_usage = Usage(broken.prompt_tokens, broken.completion_tokens)
+            if call.continuations:
+                self._record_overhead(deployment, tracker, call)
+            if call.ok:
+                upstream.release()
+            else:
+                upstream.close()
+        if error is not None:
+            call.error_kind = _error_kind(error)
+            raise error
+        headers = {
+            **call.headers,
+            "Content-Type": "application/json",
+            REQUEST_ID_HEADER: request["request_id"],
+        }
+        return web.Response(body=orjson.dumps(tracker.response_body()), status=200, headers=headers)
 
     async def _read_body_limited(self, upstream: aiohttp.ClientResponse, replica: ReplicaState) -> bytes:
         """The whole upstream body, at most ``max_upstream_body_bytes`` (else a non-retryable 502)."""
@@ -593,7 +672,7 @@ class Proxy:
     async def _continue(
         self,
         request: web.Request,
-        response: web.StreamResponse,
+        response: _Writer,
         deployment: Deployment,
         failed: ReplicaState,
         tracker: FailoverTracker,
@@ -661,7 +740,7 @@ class Proxy:
     async def _continue_on(
         self,
         request: web.Request,
-        response: web.StreamResponse,
+        response: _Writer,
         deployment: Deployment,
         replica: ReplicaState,
         body: bytes,
@@ -749,7 +828,7 @@ class Proxy:
 
     @staticmethod
     async def _relay(
-        response: web.StreamResponse,
+        response: _Writer,
         content: aiohttp.StreamReader,
         tracker: StreamTracker | FailoverTracker,
         idle_s: float,
@@ -871,6 +950,27 @@ def _session_key(request: web.Request, parsed: ParsedRequest) -> str | None:
 
 class _ClientGoneError(Exception):
     """Writing to the client failed: it disconnected."""
+
+
+class _Writer(Protocol):
+    """Where relayed bytes go: the client's stream response, or a ``_Collector``."""
+
+    async def write(self, data: bytes) -> None: ...
+
+
+class _Collector:
+    """A writer that only counts (a streamed-from-the-engine non-stream answer: the tracker keeps the
+    text), bounded like any non-streamed upstream body."""
+
+    def __init__(self, limit: int, replica: ReplicaState) -> None:
+        self.size = 0
+        self.limit = limit
+        self.replica = replica
+
+    async def write(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.limit:
+            raise _body_too_large(self.replica, self.limit)
 
 
 def _body_too_large(replica: ReplicaState, limit: int) -> UpstreamError:
