@@ -669,6 +669,11 @@ def serve_problems(cfg: FleetgateConfig, implied_models: tuple[str, ...] = ()) -
         (f"deployments.{i}.upstream_api_key_file", d.upstream_api_key_file)
         for i, d in enumerate(cfg.deployments)
     ]
+    for i, dep in enumerate(cfg.deployments):
+        if dep.tokenizer is not None:
+            path = Path(dep.tokenizer)
+            if not (path / "tokenizer.json" if path.is_dir() else path).is_file():
+                problems.append(f"deployments.{i}.tokenizer: no tokenizer.json at {dep.tokenizer}")
     for where, file in files:
         if file is not None:
             try:

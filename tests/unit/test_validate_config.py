@@ -55,7 +55,7 @@ def test_serve_needs_served_models_and_something_to_serve(tmp_path: Path) -> Non
     code, out = _validate(
         tmp_path,
         {
-            "deployments": [{"model": "m"}],
+            "deployments": [{"model": "m", "tokenizer": "/nonexistent/tokenizer.json"}],
             "tenants": [{"name": "a", "reserved_mu_per_min": {"m": 1, "ghost": 5}}],
             "ops": {"slo": {"tenant_ttft_target_s": {"nobody": 1.0}}},
         },
@@ -63,6 +63,7 @@ def test_serve_needs_served_models_and_something_to_serve(tmp_path: Path) -> Non
     assert code == 2
     assert "tenants.0.reserved_mu_per_min.ghost: no deployment serves 'ghost'" in out
     assert "ops.slo.tenant_ttft_target_s.nobody: no tenant is called 'nobody'" in out
+    assert "deployments.0.tokenizer: no tokenizer.json at /nonexistent/tokenizer.json" in out
     assert "reserved_mu_per_min.m:" not in out
     code, out = _validate(tmp_path, "")
     assert code == 2 and "the file is empty" in out
