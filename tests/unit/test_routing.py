@@ -72,7 +72,7 @@ def test_fresh_object_per_build(name: str) -> None:
         ("p2c", {"choices": 0}, "choices: Input should be greater than or equal to 1"),
         ("cache_aware", {"cache_threshold": 2.0}, "cache_threshold"),
         ("cache_aware", {"bogus": 1}, "bogus: Extra inputs"),
-        ("fleetgate", {"key": "colour"}, "key: Input should be 'prefix', 'session' or 'tenant'"),
+        ("fleetgate", {"key": "colour"}, "key: Input should be 'prefix', 'session', 'tenant' or 'context'"),
         ("fleetgate", {"bogus": 1}, "invalid parameters for routing policy 'fleetgate': bogus"),
         ("random", {"outlier": {"consecutive_failures": 0}}, "consecutive_failures"),
     ],

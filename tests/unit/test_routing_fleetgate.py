@@ -451,3 +451,28 @@ def test_policy_inherits_the_deployments_cost_profile() -> None:
     )
     overridden = build_deployment(cfg).policy
     assert isinstance(overridden, FleetgatePolicy) and overridden.estimate.alpha == 0.5
+
+
+def test_context_key_follows_the_session_not_the_shared_system_prompt() -> None:
+    """``key: context``: a session's next turn keys on its previous turn's prompt (the deepest prefix some
+    replica is expected to hold), so two sessions of one tenant get different keys once they have context,
+    while their first turns share the system prompt's key (the ``prefix`` key)."""
+    p = policy(key="context", key_prefix_tokens=1024)
+    rng = random.Random(0)
+    replicas = fleet(8)
+    system = (1, 2, 3, 4)  # 4 blocks of 512 tokens: deeper than the 1,024-token prefix key
+    first_a, first_b = request(0, (*system, 10)), request(1, (*system, 20))
+    keys = [p.affinity.key_fn(r) for r in (first_a, first_b)]
+    assert keys[0] == keys[1]  # nothing held yet: the prefix key, shared
+    for r in (first_a, first_b):
+        p.on_dispatch(r, p.pick(r, replicas, 0.0, rng).replica, 0.0)
+    next_a, next_b = request(2, (*system, 10, 11)), request(3, (*system, 20, 21))
+    ka = p.affinity.key_fn(next_a, 5)  # what pick passes: 5 blocks held (turn 1's prompt)
+    kb = p.affinity.key_fn(next_b, 5)
+    assert ka != kb and keys[0] not in (ka, kb)
+    served = {}
+    for r in (next_a, next_b):
+        d = p.pick(r, replicas, 1.0, rng)
+        assert d.scores["cached_blocks"] == 5  # each turn goes where its own context is
+        served[r.request_id] = d.replica
+    assert p.affinity.key_fn(request(4, (1, 2))) == p.affinity.key_fn(request(5, (1, 2)), 0)

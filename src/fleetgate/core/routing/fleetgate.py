@@ -186,8 +186,9 @@ class FleetgatePolicy(PolicyBase):
             tps = est.prefill_tps or only.learned_prefill_tokens_per_s
             est.memo = (request, only.name, pmu, _cap(only), est.prefill_s(request, pmu, _cap(only), tps))
             return RouteDecision(only.name, reason="fleetgate:only")
-        subset, rank_of = aff.subset(request, cands)
         depths, deepest = est.depths(request)
+        held = max(depths.values()) if depths and aff.uses_held_depth else 0
+        subset, rank_of = aff.subset(request, cands, held)
         inp = request.input_tokens
         full = est.prefill_mu(request)
         save_per_token = full * (1.0 - est.cache_discount) / inp if inp > 0 else 0.0

@@ -5,6 +5,11 @@ blocks (or of all its full blocks when it is shorter), so every turn of a conver
 sharing a long system prompt get the same key; falls back to the session, then the tenant.
 ``session``: ``RequestInfo.session_key`` (from a session header), falling back to the prefix, then tenant.
 ``tenant``: the tenant (plus model).
+``context`` (session grain): the deepest block of the prompt that some replica is expected to hold (the
+reusable context: for a session's next turn, its previous turn's prompt), when that is deeper than the
+``prefix`` key; else the ``prefix`` key. Every turn of a session thus has its own key, held by the replica
+that served the previous turn, while a session's first turn keys on the shared system prompt (where hot
+keys spread, by whole sessions).
 
 Hashes are stable across processes (BLAKE2b, SplitMix64), never Python's randomised ``hash()``, so the
 gateway and the simulator assign keys identically.
@@ -17,8 +22,8 @@ from typing import Literal
 
 from fleetgate.core.types import RequestInfo
 
-KeyKind = Literal["prefix", "session", "tenant"]
-KEY_KINDS: tuple[str, ...] = ("prefix", "session", "tenant")
+KeyKind = Literal["prefix", "session", "tenant", "context"]
+KEY_KINDS: tuple[str, ...] = ("prefix", "session", "tenant", "context")
 
 _MASK = (1 << 64) - 1
 
@@ -65,7 +70,14 @@ class KeyFunction:
         k = min(len(hashes), -(-self.key_prefix_tokens // bt))
         return mix64(hashes[k - 1] & _MASK)
 
-    def __call__(self, request: RequestInfo) -> int:
+    def __call__(self, request: RequestInfo, held_blocks: int = 0) -> int:
+        """The key; ``held_blocks``: the prompt's leading blocks some replica is expected to hold (``context``
+        keys only)."""
+        if self.kind == "context" and held_blocks:
+            hashes = request.prefix_hashes
+            bt = request.prefix_block_tokens if request.prefix_block_tokens > 0 else 16
+            if held_blocks > -(-self.key_prefix_tokens // bt) and held_blocks <= len(hashes):
+                return mix64(hashes[held_blocks - 1] & _MASK)
         if self.kind == "tenant":
             return self._s("t:", request.tenant + "\x00" + request.model)
         if self.kind == "session" and request.session_key:

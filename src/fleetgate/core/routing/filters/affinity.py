@@ -30,7 +30,11 @@ from fleetgate.core.types import ReplicaSnapshot, RequestInfo
 class AffinityParams(PluginParams):
     """Workload keys and their bounded-load subsets (see ``core.routing.filters.affinity``)."""
 
-    key: KeyKind = Field(default="prefix", description="Workload key: prompt prefix, session or tenant.")
+    key: KeyKind = Field(
+        default="prefix",
+        description="Workload key: prompt prefix, session, tenant, or `context` (the deepest prefix a "
+        "replica is expected to hold; session grain).",
+    )
     key_prefix_tokens: int = Field(default=1024, ge=1, description="Prompt tokens that make a prefix key.")
     min_subset: int = Field(default=2, ge=1, description="Replicas per key at least.")
     max_subset: int = Field(default=0, ge=0, description="Replicas per key at most (0: no cap).")
@@ -90,11 +94,16 @@ class AffinityFilter(StageBase):
         self._next_maintenance: float | None = None
         self.off_subset = 0  # dispatches outside the key's subset (cache leader or spill)
 
-    def key(self, request: RequestInfo) -> int:
+    @property
+    def uses_held_depth(self) -> bool:
+        """The key depends on what the replicas are expected to hold (``key: context``)."""
+        return self.key_fn.kind == "context"
+
+    def key(self, request: RequestInfo, held_blocks: int = 0) -> int:
         """The request's workload key (memoised for the pick -> on_dispatch pair of one request object)."""
         if self._last_req is request:
             return self._last_key
-        k = self.key_fn(request)
+        k = self.key_fn(request, held_blocks)
         self._last_req, self._last_key = request, k
         return k
 
@@ -107,11 +116,11 @@ class AffinityFilter(StageBase):
             self.members = candidates
 
     def subset(
-        self, request: RequestInfo, candidates: list[ReplicaSnapshot]
+        self, request: RequestInfo, candidates: list[ReplicaSnapshot], held_blocks: int = 0
     ) -> tuple[list[str], dict[str, int]]:
         """The key's subset (preference order) and its rank map; a new key gets a pending one."""
         aff = self.assign
-        key = self.key(request)
+        key = self.key(request, held_blocks)
         state = aff.keys.get(key)
         if state is not None:
             return state.subset, state.rank

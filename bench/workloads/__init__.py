@@ -1,0 +1,1 @@
+"""Seeded workload generators for the simulator (generators, not downloads; issue 20)."""
