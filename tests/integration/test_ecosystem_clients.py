@@ -225,6 +225,27 @@ def test_n_logprobs_seed_and_list_prompt(client: openai.OpenAI) -> None:
         for choice in chunk.choices:
             texts[choice.index] += choice.delta.content or ""
     assert all(texts) and texts[0] != texts[1]
+    # Logprobs streamed: each content chunk carries its token's entry; completions echo the prompt first.
+    stream = client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=4, stream=True, logprobs=True, top_logprobs=2
+    )
+    entries = [
+        (c.delta.content, c.logprobs.content[0])
+        for chunk in stream
+        for c in chunk.choices
+        if c.delta.content and c.logprobs and c.logprobs.content
+    ]
+    assert len(entries) == 4 and all(text == e.token and len(e.top_logprobs) == 2 for text, e in entries)
+    pieces = list(
+        client.completions.create(model=MODEL, prompt="a b", max_tokens=2, stream=True, echo=True, logprobs=1)
+    )
+    first = pieces[0].choices[0]
+    assert (
+        first.text == "a b"
+        and first.logprobs is not None
+        and first.logprobs.token_logprobs == [None, first.logprobs.token_logprobs[1]]
+    )
+    assert sum(1 for p in pieces if p.choices and p.choices[0].logprobs and p.choices[0].logprobs.tokens) == 3
     # One choice per prompt of a list prompt.
     many = client.completions.create(model=MODEL, prompt=["a b c", "d e f", "g h i"], max_tokens=3)
     assert sorted(c.index for c in many.choices) == [0, 1, 2]
