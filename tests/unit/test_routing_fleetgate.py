@@ -476,3 +476,29 @@ def test_context_key_follows_the_session_not_the_shared_system_prompt() -> None:
         assert d.scores["cached_blocks"] == 5  # each turn goes where its own context is
         served[r.request_id] = d.replica
     assert p.affinity.key_fn(request(4, (1, 2))) == p.affinity.key_fn(request(5, (1, 2)), 0)
+
+
+@pytest.mark.parametrize("rate", [None, 2000.0])
+def test_fused_pick_agrees_with_its_parts(rate: float | None) -> None:
+    """The fused ``pick`` reports the TTFT estimate the ``ttft_estimate`` part computes for the chosen
+    replica, and never picks a replica the ``load_guard`` part drops (unless the guard would drop all)."""
+    p = policy(**({} if rate is None else {"prefill_tokens_per_s": rate}))
+    rng = random.Random(5)
+    replicas = [
+        ReplicaSnapshot(f"r{j}", capacity_mu_per_min=60.0 + 10 * j, learned_prefill_tokens_per_s=1500.0 + j)
+        for j in range(6)
+    ]
+    from fleetgate.core.routing.pipeline import PickContext
+
+    for i in range(400):
+        now = i * 0.05
+        r = request(i, (i % 5, 100 + i % 11, 1000 + i), cost_mu=0.2 + (i % 7) * 0.3)
+        kept = p.guard.filter(r, list(replicas), PickContext(now, rng, frozenset()))
+        times, _, _ = p.estimate.estimates(r, replicas, now)
+        d = p.pick(r, replicas, now, rng)
+        k = [x.name for x in replicas].index(d.replica)
+        assert d.scores["est_ttft_s"] == pytest.approx(times[k], rel=1e-12)
+        assert len(kept) == len(replicas) or d.replica in {x.name for x in kept}
+        p.on_dispatch(r, d.replica, now)
+        if i % 3 == 0:
+            p.on_complete(r, d.replica, now + 0.5, r.cost_mu, True)

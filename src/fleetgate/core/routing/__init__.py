@@ -1,7 +1,9 @@
 """Routing: filters, then weighted scorers in [0, 1], then a picker; policies built by name from config.
 
-Public API: ``build_policy(name, params)`` / ``POLICY_NAMES`` (registry), the ``RoutingPolicy`` protocol,
-and the outlier detector every policy embeds (fed through ``on_complete``). See docs/routing.md.
+Public API: ``build_policy(name, params, profile=...)`` / ``POLICY_NAMES`` (``registry.POLICIES``: name ->
+factory and pydantic ``Params``), the ``RoutingPolicy`` protocol, and the outlier detector every policy
+embeds (fed through ``on_complete``). The parts (filters, scorers, pickers) are registered in
+``parts.py``. See docs/routing.md.
 """
 
 from fleetgate.core.routing.base import RoutingPolicy
