@@ -50,7 +50,8 @@ def _root(
 def _load(config: Path | None, *, serving: bool = True, implied_models: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
     """The validated config, or exit 2 with every problem on its own line (never a traceback).
     ``serving``: also what ``serve`` needs (something to serve, reservations for served models ...)."""
-    from fleetgate.config import ConfigError, load_config, serve_problems
+    from fleetgate.config import ConfigError, load_config
+    from fleetgate.config_checks import serve_problems
 
     try:
         if config is not None and config.is_file() and not config.read_text().strip():

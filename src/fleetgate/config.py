@@ -590,97 +590,12 @@ def parse_config(data: Mapping[str, Any] | None, env: Mapping[str, str] | None =
         cfg = FleetgateConfig.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from exc
+    from fleetgate.config_checks import config_problems
+
     problems = config_problems(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
     return cfg
-
-
-_STORE_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-def config_problems(cfg: FleetgateConfig) -> list[str]:
-    """Cross-field problems that make a config wrong wherever it runs, one line each with its path:
-    duplicate names and keys, unknown cost profiles, an unsupported store URL."""
-    from fleetgate.profiles import load_profile
-
-    problems: list[str] = []
-    seen: dict[str, int] = {}
-    for i, tenant in enumerate(cfg.tenants):
-        if tenant.name in seen:
-            problems.append(
-                f"tenants.{i}.name: tenant {tenant.name!r} is already tenants.{seen[tenant.name]}"
-            )
-        seen.setdefault(tenant.name, i)
-    owners: dict[str, str] = {}
-    keyed = [
-        (f"tenants.{i}.api_keys.{k}", h) for i, t in enumerate(cfg.tenants) for k, h in enumerate(t.api_keys)
-    ]
-    keyed += [(f"admission.admin_api_keys.{k}", h) for k, h in enumerate(cfg.admission.admin_api_keys)]
-    for where, digest in keyed:
-        if digest in owners:
-            problems.append(f"{where}: an API key used twice (also {owners[digest]}); every key must differ")
-        owners.setdefault(digest, where)
-    models: dict[str, int] = {}
-    for i, dep in enumerate(cfg.deployments):
-        if dep.model in models:
-            problems.append(
-                f"deployments.{i}.model: {dep.model!r} is already deployments.{models[dep.model]}"
-            )
-        models.setdefault(dep.model, i)
-        if dep.cost_profile is not None:
-            try:
-                load_profile(dep.cost_profile)
-            except (ValueError, OSError, TypeError, KeyError) as exc:
-                problems.append(f"deployments.{i}.cost_profile: {exc}")
-        if dep.upstream_api_key and dep.upstream_api_key_file:
-            problems.append(f"deployments.{i}.upstream_api_key_file: set either it or upstream_api_key")
-    store = cfg.admission.store
-    if store.kind == "redis" and not store.url.startswith(_STORE_SCHEMES):
-        scheme = store.url.split("://", 1)[0] if "://" in store.url else store.url
-        problems.append(
-            f"admission.store.url: unsupported scheme {scheme!r} (use {', '.join(_STORE_SCHEMES)})"
-        )
-    return problems
-
-
-def serve_problems(cfg: FleetgateConfig, implied_models: tuple[str, ...] = ()) -> list[str]:
-    """What makes a config unusable for ``fleetgate serve`` (``implied_models``: deployments that
-    ``fleetgate up`` adds itself): nothing to serve, names of models no deployment serves, unreadable key
-    files."""
-    problems: list[str] = []
-    served = {d.model for d in cfg.deployments} | set(implied_models)
-    if not served:
-        problems.append("deployments: none configured; the gateway would have nothing to route to")
-    for i, tenant in enumerate(cfg.tenants):
-        for model in tenant.reserved_mu_per_min:
-            if model not in served:
-                problems.append(f"tenants.{i}.reserved_mu_per_min.{model}: no deployment serves {model!r}")
-    for model in cfg.multimodal.per_model:
-        if model not in served:
-            problems.append(f"multimodal.per_model.{model}: no deployment serves {model!r}")
-    names = {t.name for t in cfg.tenants}
-    for name in cfg.ops.slo.tenant_ttft_target_s:
-        if name not in names:
-            problems.append(f"ops.slo.tenant_ttft_target_s.{name}: no tenant is called {name!r}")
-    files = [(f"tenants.{i}.api_keys_file", t.api_keys_file) for i, t in enumerate(cfg.tenants)]
-    files.append(("admission.admin_api_keys_file", cfg.admission.admin_api_keys_file))
-    files += [
-        (f"deployments.{i}.upstream_api_key_file", d.upstream_api_key_file)
-        for i, d in enumerate(cfg.deployments)
-    ]
-    for i, dep in enumerate(cfg.deployments):
-        if dep.tokenizer is not None:
-            path = Path(dep.tokenizer)
-            if not (path / "tokenizer.json" if path.is_dir() else path).is_file():
-                problems.append(f"deployments.{i}.tokenizer: no tokenizer.json at {dep.tokenizer}")
-    for where, file in files:
-        if file is not None:
-            try:
-                Path(file).read_bytes()
-            except OSError as exc:
-                problems.append(f"{where}: cannot read {file}: {exc.strerror}")
-    return problems
 
 
 def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> FleetgateConfig:

@@ -512,4 +512,3 @@ def image_cost_per_token(
     if image_tokens <= 0:
         raise ValueError("image_tokens must be positive")
     return max(image_s - text_s, 0.0) / image_tokens * capacity_mu_per_min / 60.0
-
