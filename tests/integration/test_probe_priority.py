@@ -1,7 +1,8 @@
 """Health probes go ahead of every tenant's queue, even at saturation.
 
 How probes travel (``fleetgate.health.monitor``): the prober posts a 1-token ``/v1/completions`` request
-*straight to the engine* with ``priority: -100`` (vLLM's priority scheduling: lowest value first), so it never
+*straight to the engine* with ``priority: -100`` where its dialect takes one (here the simulated engine; vLLM
+with ``engine_priority``: lowest value first), so it never
 enters the gateway's admission queue, and inside the engine it is the head of the waiting queue. Admission
 itself (``core.admission``) also has a probe class that is never queued nor limited, for probes that do come
 through an ``AdmissionService``.
@@ -29,6 +30,7 @@ from fleetgate.admission.service import AdmissionService
 from fleetgate.config import FleetgateConfig
 from fleetgate.core.errors import FleetgateError
 from fleetgate.core.types import Priority, RequestInfo
+from fleetgate.engines.dialects import dialect
 from fleetgate.health.monitor import HealthMonitor
 
 MODEL = "probe-model"
@@ -131,7 +133,7 @@ async def test_probe_goes_ahead_of_saturated_queues(start_engine: Any, tools: An
                 waiting_before = stats["num_waiting"]
                 queued_before = usage["queue_depth"]
 
-                monitor = HealthMonitor(model=MODEL)
+                monitor = HealthMonitor(model=MODEL, dialect=dialect("sim"))  # priority: -100
                 monitor.set_replicas({"r0": engine.url})
                 try:
                     t0 = time.monotonic()
