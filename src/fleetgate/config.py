@@ -440,6 +440,11 @@ class MultimodalConfig(_Strict):
     )
     max_image_bytes: int = Field(default=10 * 1024 * 1024, gt=0, description="Largest encoded image.")
     max_images_per_request: int = Field(default=16, ge=1, description="Image parts allowed in one request.")
+    tenant_image_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests of one tenant processing images at once (default: half the workers).",
+    )
     allowed_formats: list[str] = Field(
         default_factory=lambda: ["JPEG", "PNG", "WEBP", "GIF", "BMP"],
         description="Pillow format names accepted (anything else is a 400).",

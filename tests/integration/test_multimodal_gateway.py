@@ -153,9 +153,10 @@ async def test_image_request_end_to_end_with_simulated_engine(start_engine: Any,
             assert usage["prompt_tokens_details"]["image_tokens"] == 576  # the engine charges image tokens
             r2 = await client.post("/v1/chat/completions", json=chat(image_server + "/photo.jpg"))
             assert r2.status_code == 200, r2.text
-        # The estimate carried the image tokens from patch geometry: 1600x1200 -> 336x252 -> 24*18 tokens.
+        # Admission comes before any image is decoded (issue 22 #7): the estimate budgets the largest image
+        # the deployment can get, 336x336 -> 24*24 tokens (this 1600x1200 photo becomes 336x252, 24*18).
         image_req = admission.requests[1]
-        assert image_req.image_tokens == 24 * 18 and admission.requests[0].image_tokens == 0
+        assert image_req.image_tokens == 24 * 24 and admission.requests[0].image_tokens == 0
         assert image_req.cost_mu > admission.requests[0].cost_mu
         assert admission.settlements[1][1] is not None and admission.settlements[1][1].image_tokens == 576
     finally:

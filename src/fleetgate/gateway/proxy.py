@@ -211,15 +211,18 @@ class Proxy:
             # bounded shape and model lookup before any tokenizing; large bodies off the loop
             raw = await self._read_body(request)
             deployment, parsed = await self.parser.parse(raw, endpoint, call.tenant)
-            image_tokens = 0
-            if parsed.image_parts and self.images is not None:  # text-only requests skip this entirely
-                new_body, image_tokens = await self.images.process_body(parsed.body, parsed.model)
-                parsed = dataclasses.replace(parsed, body=new_body)
+            images = self.images if parsed.image_parts else None  # text-only requests skip images entirely
+            # Limits and queue first, images after: a tenant that is refused never makes the workers fetch or
+            # decode. Admission budgets the largest image the deployment can get; settlement the real one.
+            image_tokens = 0 if images is None else parsed.image_parts * images.max_image_tokens(parsed.model)
             info = self._request_info(parsed, deployment, tenant, request, request_id, start, image_tokens)
             ticket = await self.admission.admit(tenant, info, self.admission_clock())
             deployment.lifecycle.start(info)
             try:  # from here on the ticket is always settled or released
                 call.headers = ticket_headers(ticket)
+                if images is not None:
+                    new_body, _ = await images.process_body(parsed.body, parsed.model, tenant=call.tenant)
+                    parsed = dataclasses.replace(parsed, body=new_body)
                 response = await self._dispatch(request, deployment, parsed, info, call)
             finally:
                 await self._finish_admission(ticket, tenant, deployment, info, call)

@@ -114,6 +114,9 @@ class ImagePipeline:
                 max_redirects=config.fetch_max_redirects,
             )
         self._specs: dict[str, ImageSpec] = {}
+        #: image workers one tenant may use at once (default: half of them, at least one)
+        self.tenant_concurrency = config.tenant_image_concurrency or max(1, self.sizing.workers // 2)
+        self._tenant_gates: dict[str, asyncio.Semaphore] = {}
         self.images_processed = 0
         self.images_rejected = 0
         log.info("image pipeline: mode=%s %s", config.mode, dict(describe(self.budget, self.sizing)))
@@ -166,10 +169,38 @@ class ImagePipeline:
             extra_tokens=t.extra_tokens,
         )
 
+    def max_image_tokens(self, model: str | None) -> int:
+        """Image tokens of the largest image the deployment can get (resized to ``max_edge`` square): the
+        estimate admission budgets before any image is fetched or decoded; settlement uses the real count."""
+        edge = self.target(model).max_edge
+        largest = ImageResult(data_url="", width=edge, height=edge, source_format="", source_width=edge,
+                              source_height=edge)  # fmt: skip
+        return self.image_tokens(largest, model)
+
     async def process_body(
+        self, body: Mapping[str, Any], model: str | None = None, tenant: str = ""
+    ) -> tuple[dict[str, Any], int]:
+        """A copy of ``body`` with every image part processed, and the request's total image tokens.
+
+        A tenant's images take at most ``tenant_image_concurrency`` workers at once (the others wait in
+        line), so one tenant's flood of large images cannot take every worker from the others.
+        """
+        gate = self._tenant_gate(tenant)
+        async with gate:
+            return await self._process_body(body, model)
+
+    def _tenant_gate(self, tenant: str) -> asyncio.Semaphore:
+        gate = self._tenant_gates.get(tenant)
+        if gate is None:
+            if len(self._tenant_gates) > 4096:  # forget idle tenants' gates (bounded map)
+                for name in [n for n, g in self._tenant_gates.items() if not g.locked()][:2048]:
+                    del self._tenant_gates[name]
+            gate = self._tenant_gates[tenant] = asyncio.Semaphore(self.tenant_concurrency)
+        return gate
+
+    async def _process_body(
         self, body: Mapping[str, Any], model: str | None = None
     ) -> tuple[dict[str, Any], int]:
-        """A copy of ``body`` with every image part processed, and the request's total image tokens."""
         if self.config.mode == "off":
             return dict(body), 0
         messages = body.get("messages")
