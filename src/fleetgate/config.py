@@ -124,9 +124,8 @@ class DeploymentConfig(_Strict):
     )
     cache_salt_field: str | None = Field(
         default="cache_salt",
-        description="Request field that carries the tenant's cache salt to the engine (vLLM and the "
-        "simulated engine: `cache_salt`); null for engines that reject unknown fields (their cache is "
-        "then shared between tenants; see docs/reliability.md).",
+        description="Request field with the tenant's cache salt (vLLM: `cache_salt`); null for engines that "
+        "reject unknown fields (their cache is then shared: docs/reliability.md).",
     )
     engine_priority: bool = Field(
         default=False,
@@ -174,16 +173,10 @@ class GatewayConfig(_Strict):
         default=None, ge=1, description="Most open client connections (default: the fd limit less a quarter)."
     )
     metrics_auth: Literal["admin", "none"] = Field(
-        default="admin",
-        description="Who may read GET /metrics on the main port: `admin` (an admin key as bearer token; "
-        "without admin keys only when no tenants are configured) or `none` (anyone who reaches the port).",
+        default="admin", description="Who reads GET /metrics: `admin` (key, with tenants) or `none`."
     )
     metrics_port: int | None = Field(
-        default=None,
-        ge=0,
-        le=65535,
-        description="Also serve GET /metrics, without a key, on this port of `metrics_host` (for Prometheus "
-        "inside the cluster; 0 picks a free port); the main port keeps `metrics_auth`.",
+        default=None, ge=0, le=65535, description="Port serving only GET /metrics, keyless (Prometheus)."
     )
     metrics_host: str = Field(default="127.0.0.1", description="Listen address of `metrics_port`.")
     connect_timeout_s: float = Field(default=2.0, gt=0, description="Upstream connect timeout.")
@@ -441,9 +434,7 @@ class MultimodalConfig(_Strict):
     max_image_bytes: int = Field(default=10 * 1024 * 1024, gt=0, description="Largest encoded image.")
     max_images_per_request: int = Field(default=16, ge=1, description="Image parts allowed in one request.")
     tenant_image_concurrency: int | None = Field(
-        default=None,
-        ge=1,
-        description="Requests of one tenant processing images at once (default: half the workers).",
+        default=None, ge=1, description="One tenant's image requests at once (default: half the workers)."
     )
     allowed_formats: list[str] = Field(
         default_factory=lambda: ["JPEG", "PNG", "WEBP", "GIF", "BMP"],
