@@ -79,7 +79,7 @@ def _measure(url: str, model: str) -> tuple[float, float]:
     return prefill, max(wall - prefill * prompt, 0.0) / out
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_reserved_tenant_next_to_a_flood_on_llama_replicas(tmp_path: Path) -> None:
     need_llama()
     nn = _bench()
