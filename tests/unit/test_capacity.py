@@ -1,4 +1,4 @@
-"""Unit tests for the capacity ledger (core/capacity.py)."""
+"""Unit tests for the capacity ledger (core/capacity/ledger.py)."""
 
 from __future__ import annotations
 
