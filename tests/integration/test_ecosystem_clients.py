@@ -22,6 +22,8 @@ MODEL = "sim-eco"
 KEY = "sk-eco-test-key"
 ORIGIN = "https://playground.example"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+ADMIN_KEY = "sk-eco-admin-key"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 WEATHER_TOOL = {
     "type": "function",
@@ -82,7 +84,7 @@ def gateway(tools: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Iter
                 }
             ],
             "tenants": [{"name": "eco", "api_keys": [KEY], "reserved_mu_per_min": {MODEL: 100_000}}],
-            "admission": {"burst_s": 10},
+            "admission": {"burst_s": 10, "admin_api_keys": [ADMIN_KEY]},
         }
         path = tmp_path_factory.mktemp("eco") / "gateway.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -323,10 +325,12 @@ def test_cors_preflight_and_stream_headers(gateway: str) -> None:
 
 def test_metrics_without_created_and_openmetrics(client: openai.OpenAI, gateway: str) -> None:
     client.completions.create(model=MODEL, prompt="count me", max_tokens=2)
-    text = httpx.get(gateway + "/metrics", timeout=5)
+    text = httpx.get(gateway + "/metrics", headers=ADMIN, timeout=5)  # with tenants: the admin key
     assert text.headers["Content-Type"].startswith("text/plain")
     assert "fleetgate_requests_total" in text.text and "_created" not in text.text
-    om = httpx.get(gateway + "/metrics", headers={"Accept": "application/openmetrics-text"}, timeout=5)
+    om = httpx.get(
+        gateway + "/metrics", headers={**ADMIN, "Accept": "application/openmetrics-text"}, timeout=5
+    )
     assert om.headers["Content-Type"].startswith("application/openmetrics-text")
     assert om.text.rstrip().endswith("# EOF") and "_created" not in om.text
     assert "fleetgate_requests_total" in om.text
@@ -391,16 +395,14 @@ def test_litellm_function_calling(gateway: str, monkeypatch: pytest.MonkeyPatch)
     assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
 
 
-def test_examples_sdk_demos_run(gateway: str) -> None:
-    """examples/sdk_demos.py (what README points `fleetgate up` users to) runs as written."""
-    import subprocess
-    import sys
+def test_examples_sdk_demos_run(gateway: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/sdk_demos.py (what README points `fleetgate up` users to) runs as written (in-process: the
+    clients are already imported)."""
+    import runpy
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "examples" / "sdk_demos.py"
-    proc = subprocess.run(
-        [sys.executable, str(script), gateway, KEY], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "parse: name=" in proc.stdout and "tool call: get_weather {'city':" in proc.stdout
-    assert "langchain tools: [{'name': 'get_weather'" in proc.stdout
+    runpy.run_path(str(script))["main"](gateway, KEY)
+    out = capsys.readouterr().out
+    assert "parse: name=" in out and "tool call: get_weather {'city':" in out
+    assert "langchain tools: [{'name': 'get_weather'" in out
