@@ -111,7 +111,8 @@ class GatewayServer:
                 self._metrics_runner, self.config.metrics_host, self.config.metrics_port
             )
             await metrics_site.start()
-            bound = getattr(metrics_site._server, "sockets", None) or []  # the port picked for 0
+            msrv = metrics_site._server  # asyncio's or uvloop's Server: the port picked for 0
+            bound = cast(asyncio.Server, msrv).sockets if msrv is not None else []
             self.metrics_port = bound[0].getsockname()[1] if bound else self.config.metrics_port
         self.sync_replicas()
         self._tasks = [asyncio.create_task(_guard(name, run), name=name) for name, run in self._loops]
