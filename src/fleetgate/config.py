@@ -169,6 +169,9 @@ class GatewayConfig(_Strict):
     max_content_parts: int = Field(default=4096, ge=1, description="Most content parts in one request (400).")
     max_json_values: int = Field(default=300_000, ge=1, description="Most JSON values in one body (400).")
     tokenizer_cache_mb: float = Field(default=40.0, ge=0, description="Prompt tokenizer caches' memory (MB).")
+    client_body_timeout_s: float = Field(
+        default=60.0, gt=0, description="Longest time to receive a request body once its head arrived (408)."
+    )
     max_connections: int | None = Field(
         default=None, ge=1, description="Most open client connections (default: the fd limit less a quarter)."
     )

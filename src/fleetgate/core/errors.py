@@ -48,6 +48,13 @@ class InvalidRequestError(FleetgateError):
     error_type = "invalid_request_error"
 
 
+class RequestTimeoutError(InvalidRequestError):
+    """The client did not send its request (body) in time."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class AuthenticationError(FleetgateError):
     status = 401
     error_type = "authentication_error"

@@ -56,6 +56,12 @@ def create_app(
             metrics_access(request.headers.get("Authorization"))
         return _exposition(metrics, request)
 
+    async def no_sniffing(request: web.Request, response: web.StreamResponse) -> None:
+        # Whatever an engine answers (text/html included) is never rendered as this origin's page (/ui).
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+
+    app.on_response_prepare.append(no_sniffing)
+
     async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
         # While draining, each response closes its keep-alive connection (clients reconnect elsewhere).
         if proxy.shutting_down:

@@ -30,13 +30,17 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
+import aiohttp.http_exceptions
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from fleetgate.config import GatewayConfig
 from fleetgate.core.admission.settlement import bound_usage, output_limit
 from fleetgate.core.errors import (
     FleetgateError,
+    InvalidRequestError,
+    RequestTimeoutError,
     ServiceUnavailableError,
     UpstreamError,
     UpstreamTimeoutError,
@@ -277,9 +281,18 @@ class Proxy:
         if request.content_length is not None and request.content_length > limit:
             raise payload_too_large(limit)
         try:
-            return await request.read()
+            async with asyncio.timeout(self.config.client_body_timeout_s):  # a stalled body is not held
+                return await request.read()
         except web.HTTPRequestEntityTooLarge as exc:
             raise payload_too_large(limit) from exc
+        except TimeoutError as exc:
+            raise RequestTimeoutError(
+                f"The request body did not arrive within {self.config.client_body_timeout_s:g} s."
+            ) from exc
+        except (aiohttp.http_exceptions.HttpProcessingError, RequestPayloadError) as exc:  # bad gzip ...
+            raise InvalidRequestError(
+                "The request body could not be read (bad Content-Encoding or framing).", code="bad_body"
+            ) from exc
 
     def _upstream_body(
         self, parsed: ParsedRequest, deployment: Deployment, info: RequestInfo | None = None

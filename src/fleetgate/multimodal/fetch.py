@@ -34,6 +34,25 @@ METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
 METADATA_HOSTS = frozenset({"metadata", "metadata.google.internal", "metadata.goog", "instance-data"})
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def embedded_ipv4(ip: IPAddress) -> IPAddress:
+    """The IPv4 address an IPv6 transition address reaches (mapped ``::ffff:a.b.c.d``, NAT64
+    ``64:ff9b::a.b.c.d``, 6to4 ``2002:aabb:ccdd::``, IPv4-compatible ``::a.b.c.d``), else ``ip`` itself:
+    the policy judges where the packets end up, not how the address is spelled."""
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return ip
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip in _NAT64 or (ip in _IPV4_COMPATIBLE and int(ip) > 1):  # (:: and ::1 are themselves)
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip
+
+
 @dataclass(frozen=True)
 class AddressPolicy:
     """Which hosts and addresses image URLs may point at."""
@@ -71,9 +90,7 @@ class AddressPolicy:
 
     def check_address(self, address: IPAddress | str, host: str | None = None) -> None:
         """Raise ``ImageError`` unless ``address`` (which ``host`` resolved to) may be fetched."""
-        ip = ipaddress.ip_address(address) if isinstance(address, str) else address
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
+        ip = embedded_ipv4(ipaddress.ip_address(address) if isinstance(address, str) else address)
         name = (host or str(ip)).lower().rstrip(".")
         if any(ip in net for net in self.deny_nets):
             raise ImageError(f"image URL address {ip} is on the deny list")
