@@ -57,7 +57,6 @@ from fleetgate.core.openai import (
 )
 from fleetgate.core.types import Priority, RandomSource, RequestInfo, Usage
 from fleetgate.engines.client import UpstreamClient
-from fleetgate.engines.continuation import remaining_tokens
 from fleetgate.engines.dialects import dialect
 from fleetgate.engines.dialects.base import LOW_FIRST
 from fleetgate.gateway.admission import (
@@ -68,6 +67,7 @@ from fleetgate.gateway.admission import (
     tenant_priority,
     ticket_headers,
 )
+from fleetgate.gateway.continuation import PATHS, ClientGoneError, Collector, Continuer, body_too_large, relay
 from fleetgate.gateway.errors import (
     REQUEST_ID_HEADER,
     error_response,
@@ -85,7 +85,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fleetgate.gateway")
 
-PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 #: Tenant class -> the request ``priority`` of vLLM-like engines (lower runs first); each engine's own
@@ -176,6 +175,16 @@ class Proxy:
         self.rng = rng
         self.clock = clock
         self.listeners: tuple[ResultListener, ...] = tuple(listeners)
+        self.continuer = Continuer(
+            config=config,
+            client=client,
+            metrics=metrics,
+            admission=admission,
+            admission_clock=self.admission_clock,
+            rng=rng,
+            clock=clock,
+            listeners=self.listeners,
+        )
         #: ``fleetgate.ops.web.Ops`` (SLO window + access log), told about every finished request
         self.slo = slo
         self.shutting_down = False
@@ -514,13 +523,13 @@ class Proxy:
         """The non-streamed answer of a request streamed from the engine (its first event arrived): read
         the stream to its end, continue it on another replica if it breaks, answer with one JSON body."""
         call.ran = True
-        sink = _Collector(self.config.max_upstream_body_bytes, replica)
+        sink = Collector(self.config.max_upstream_body_bytes, replica)
         error: FleetgateError | None = None
         idle = self.config.stream_idle_timeout_s
         try:
             try:
                 if not upstream.content.at_eof():
-                    await self._relay(sink, upstream.content, tracker, idle)
+                    await relay(sink, upstream.content, tracker, idle)
             except TimeoutError:
                 error = UpstreamTimeoutError(
                     f"replica {replica.name} stalled for {idle:g} s", retryable=False
@@ -534,7 +543,9 @@ class Proxy:
             if error is not None:
                 log.warning("request %s: %s", request["request_id"], error.message)
                 upstream.close()
-                _, error = await self._continue(request, sink, deployment, replica, tracker, call, error)
+                _, error = await self.continuer.resume(
+                    request["request_id"], sink, deployment, replica, tracker, call, error
+                )
                 outcome = "error" if error is not None else "continued"
                 self.metrics.interrupted_streams.labels(deployment.model, outcome).inc()
             else:
@@ -546,7 +557,7 @@ class Proxy:
                 broken = tracker.attempts[0]
                 call.attempt_usage = Usage(broken.prompt_tokens, broken.completion_tokens)
             if call.continuations:
-                self._record_overhead(deployment, tracker, call)
+                self.continuer.record_overhead(deployment, tracker, call)
             if call.ok:
                 upstream.release()
             else:
@@ -565,7 +576,7 @@ class Proxy:
         """The whole upstream body, at most ``max_upstream_body_bytes`` (else a non-retryable 502)."""
         limit = self.config.max_upstream_body_bytes
         if upstream.content_length is not None and upstream.content_length > limit:
-            raise _body_too_large(replica, limit)
+            raise body_too_large(replica, limit)
         parts: list[bytes] = []
         size = 0
         content = upstream.content
@@ -575,7 +586,7 @@ class Proxy:
                 return b"".join(parts)
             size += len(chunk)
             if size > limit:
-                raise _body_too_large(replica, limit)
+                raise body_too_large(replica, limit)
             parts.append(chunk)
 
     def _failover_refusal(self, parsed: ParsedRequest, deployment: Deployment) -> str | None:
@@ -615,7 +626,7 @@ class Proxy:
             self.metrics.replica(deployment.model, replica.name).ttft.observe(call.ttft_s)
             try:
                 if not tail and not content.at_eof():
-                    tail = await self._relay(response, content, tracker, idle)
+                    tail = await relay(response, content, tracker, idle)
             except TimeoutError:
                 error = UpstreamTimeoutError(
                     f"replica {replica.name} stream stalled for {idle:g} s", retryable=False
@@ -634,8 +645,8 @@ class Proxy:
                     upstream.close()
                     if tail:  # whole events only: safe to send before the continuation's
                         await response.write(tail)
-                    tail, error = await self._continue(
-                        request, response, deployment, replica, tracker, call, error
+                    tail, error = await self.continuer.resume(
+                        request["request_id"], response, deployment, replica, tracker, call, error
                     )
                     outcome = "error" if error is not None else "continued"
                     self.metrics.interrupted_streams.labels(deployment.model, outcome).inc()
@@ -651,7 +662,7 @@ class Proxy:
             elif call.continuations == 0:
                 call.ok = True
             await response.write_eof(tail)
-        except (_ClientGoneError, ConnectionResetError):
+        except (ClientGoneError, ConnectionResetError):
             call.client_gone = True
             call.error_kind = "client_disconnect"
         except asyncio.CancelledError:
@@ -675,7 +686,7 @@ class Proxy:
                     broken = tracker.attempts[0]  # what the first replica did (its policy's cost feedback)
                     call.attempt_usage = Usage(broken.prompt_tokens, broken.completion_tokens)
                 if call.continuations:
-                    self._record_overhead(deployment, tracker, call)
+                    self.continuer.record_overhead(deployment, tracker, call)
             else:
                 call.usage = tracker.usage
             call.output_events = tracker.data_events
@@ -684,187 +695,6 @@ class Proxy:
             else:
                 upstream.close()
         return response
-
-    async def _continue(
-        self,
-        request: web.Request,
-        response: _Writer,
-        deployment: Deployment,
-        failed: ReplicaState,
-        tracker: FailoverTracker,
-        call: _Call,
-        error: FleetgateError,
-    ) -> tuple[bytes, FleetgateError | None]:
-        """Continue a broken stream on other replicas until it ends well or the contract says stop; returns
-        the bytes to send with the end of the response and the error to report (``None``: it ended well)."""
-        settings = deployment.config.failover
-        info = call.info
-        assert info is not None
-        original = orjson.loads(call.body)
-        model = deployment.model
-        while True:
-            broke_at = self.clock()
-            left = remaining_tokens(original, tracker.produced)
-            if tracker.finish_reason is not None or (left is not None and left <= 0):
-                # the answer was complete, only its end was lost: finish it here
-                return tracker.closing_events(tracker.client_usage), None
-            reason = tracker.refusal()
-            if reason is None and call.continuations >= settings.max_continuations:
-                reason = "exhausted"
-            shape = dialect(deployment.config.engine).continuation_body(
-                original, call.endpoint, tracker.text, tracker.produced
-            )
-            if reason is None and shape is None:
-                reason = "engine"  # the engine cannot continue a chat message
-            replica: ReplicaState | None = None
-            if reason is None:
-                try:
-                    decision = deployment.lifecycle.route(info, broke_at, self.rng, frozenset(call.attempts))
-                    replica = deployment.replicas.get(decision.replica)
-                except ServiceUnavailableError:
-                    replica = None
-                if replica is None:
-                    reason = "no_replica"
-            if reason is not None or replica is None or shape is None:
-                self.metrics.failover_refusals.labels(model, reason or "no_replica").inc()
-                return b"", error
-            tracker.end_attempt(failed.name)
-            call.attempts.append(replica.name)
-            call.replica = replica
-            call.continuations += 1
-            body = orjson.dumps(shape)
-            deployment.lifecycle.dispatch(info, replica.name, replica, broke_at)
-            ok = False
-            try:
-                tail, attempt_error = await self._continue_on(
-                    request, response, deployment, replica, body, tracker, call, broke_at
-                )
-                ok = attempt_error is None
-            except (_ClientGoneError, ConnectionResetError, asyncio.CancelledError):
-                ok = True  # the client left: says nothing about the replica
-                raise
-            finally:
-                self._continuation_done(deployment, replica, failed, info, ok)
-            if attempt_error is None:
-                call.error_kind = None
-                return tail, None
-            error = attempt_error
-            log.warning("request %s: continuation on %s failed: %s", info.request_id, replica.name,
-                        error.message)  # fmt: skip
-            failed = replica
-
-    async def _continue_on(
-        self,
-        request: web.Request,
-        response: _Writer,
-        deployment: Deployment,
-        replica: ReplicaState,
-        body: bytes,
-        tracker: FailoverTracker,
-        call: _Call,
-        broke_at: float,
-    ) -> tuple[bytes, FleetgateError | None]:
-        """One continuation stream: wait (``failover.timeout_s``) for its first event for the client, then
-        relay it like the original; returns the tail to send and the error that ended it, if any."""
-        url = replica.url + PATHS[call.endpoint]
-        headers = {**deployment.upstream_headers, REQUEST_ID_HEADER: request["request_id"]}
-        timeout_s = deployment.config.failover.timeout_s
-        produced = tracker.produced
-        idle = self.config.stream_idle_timeout_s
-        upstream: aiohttp.ClientResponse | None = None
-        try:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    upstream = await self.client.post(url, body, headers)
-                    if upstream.status != 200 or not upstream.content_type.startswith("text/event-stream"):
-                        return b"", UpstreamError(
-                            f"replica {replica.name} answered the continuation with HTTP {upstream.status}",
-                            retryable=False,
-                        )
-                    first = b""
-                    while not first:
-                        chunk = await upstream.content.readany()
-                        if not chunk:
-                            break
-                        first = tracker.feed(chunk)
-                if first:
-                    await response.write(first)
-                    resumed = self.clock() - broke_at
-                    self.metrics.continuation_resume.labels(deployment.model).observe(resumed)
-                    log.warning("request %s: stream continued on replica %s after %d tokens, resumed in "
-                                "%.4f s", request["request_id"], replica.name, produced, resumed)  # fmt: skip
-                tail = b""
-                if not upstream.content.at_eof():
-                    tail = await self._relay(response, upstream.content, tracker, idle)
-            except TimeoutError:
-                return b"", UpstreamTimeoutError(
-                    f"replica {replica.name} continuation timed out", retryable=False
-                )
-            except UpstreamError as exc:  # could not reach it (the client raises these)
-                exc.retryable = False
-                return b"", exc
-            except (aiohttp.ClientError, OSError) as exc:
-                return b"", UpstreamError(
-                    f"replica {replica.name} continuation broke: {exc.__class__.__name__}", retryable=False
-                )
-            if tracker.truncated or tracker.error is not None:
-                if tail:
-                    await response.write(tail)
-                return b"", UpstreamError(f"replica {replica.name} continuation ended early", retryable=False)
-            upstream.release()
-            upstream = None
-            return tail, None
-        finally:
-            if upstream is not None:
-                upstream.close()
-
-    def _continuation_done(
-        self, deployment: Deployment, replica: ReplicaState, failed: ReplicaState, info: RequestInfo, ok: bool
-    ) -> None:
-        now = self.clock()
-        deployment.lifecycle.finish(info, replica.name, replica, now, None, ok)  # cost: the estimate
-        for listener in self.listeners:
-            listener(deployment.model, replica.name, ok, now)
-        self.metrics.continuations.labels(
-            deployment.model, replica.name, failed.name, "ok" if ok else "failed"
-        ).inc()
-
-    def _record_overhead(self, deployment: Deployment, tracker: FailoverTracker, call: _Call) -> None:
-        """Tell the capacity ledger what failover cost the fleet beyond what the client is charged: the
-        broken attempts and the continuations' re-prefill of the prompt and the text already sent."""
-        profile = deployment.profile
-        assert call.replica is not None
-        real = sum(
-            profile.settle(Usage(a.prompt_tokens, a.completion_tokens, a.cached_tokens))
-            for a in tracker.real_work(call.replica.name)
-        )
-        overhead = max(0.0, real - profile.settle(tracker.final_usage()))
-        self.metrics.failover_overhead.labels(deployment.model).inc(overhead)
-        self.admission.record_overhead(deployment.model, overhead, self.admission_clock())
-
-    @staticmethod
-    async def _relay(
-        response: _Writer,
-        content: aiohttp.StreamReader,
-        tracker: StreamTracker | FailoverTracker,
-        idle_s: float,
-    ) -> bytes:
-        """Forward chunks until the upstream ends; returns the last bytes, to be sent with the end."""
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(None) as deadline:
-            while True:
-                deadline.reschedule(loop.time() + idle_s)
-                chunk = await content.readany()
-                if not chunk:
-                    return b""
-                out = tracker.feed(chunk)
-                if content.at_eof():
-                    return out
-                if out:
-                    try:
-                        await response.write(out)
-                    except ConnectionResetError as exc:
-                        raise _ClientGoneError from exc
 
     async def _finish_admission(
         self, ticket: Any, tenant: Any, deployment: Deployment, info: RequestInfo, call: _Call
@@ -962,38 +792,6 @@ def _session_key(request: web.Request, parsed: ParsedRequest) -> str | None:
         return header
     user = parsed.body.get("user")
     return user if isinstance(user, str) and user else None
-
-
-class _ClientGoneError(Exception):
-    """Writing to the client failed: it disconnected."""
-
-
-class _Writer(Protocol):
-    """Where relayed bytes go: the client's stream response, or a ``_Collector``."""
-
-    async def write(self, data: bytes) -> None: ...
-
-
-class _Collector:
-    """A writer that only counts (a streamed-from-the-engine non-stream answer: the tracker keeps the
-    text), bounded like any non-streamed upstream body."""
-
-    def __init__(self, limit: int, replica: ReplicaState) -> None:
-        self.size = 0
-        self.limit = limit
-        self.replica = replica
-
-    async def write(self, data: bytes) -> None:
-        self.size += len(data)
-        if self.size > self.limit:
-            raise _body_too_large(self.replica, self.limit)
-
-
-def _body_too_large(replica: ReplicaState, limit: int) -> UpstreamError:
-    return UpstreamError(
-        f"replica {replica.name} sent a response body over {limit} bytes (gateway.max_upstream_body_bytes)",
-        retryable=False,
-    )
 
 
 def _error_kind(exc: FleetgateError) -> str:
