@@ -73,12 +73,11 @@ def metrics_access(cfg: FleetgateConfig, admission: Admission) -> Callable[[str 
     """
     if cfg.gateway.metrics_auth == "none" or not cfg.tenants or isinstance(admission, OpenAdmission):
         return None
-    from fleetgate.admission.tenants import Tenant
     from fleetgate.core.errors import PermissionDeniedError
 
     def check(authorization: str | None) -> None:
         caller = admission.authenticate(authorization)  # AuthenticationError (401) without a valid key
-        if not (isinstance(caller, Tenant) and caller.admin):
+        if not admission.is_admin(caller):
             raise PermissionDeniedError("GET /metrics needs the admin API key.", code="admin_only")
 
     return check
