@@ -1,0 +1,261 @@
+"""One finite GPU pool shared by deployments: a pure ``decide(ctx) -> (allocation, state)``.
+
+Shaped like the autoscalers (``core/autoscale``): the caller gathers each deployment's figures into an
+:class:`AllocationContext`, calls :func:`decide` with the previous :class:`AllocatorState`, applies the
+returned :class:`Allocation` (start, drain) and keeps the state for the next call. Nothing here reads a clock.
+
+Per deployment: ``demand`` (its autoscaler's desired replicas), ``floor`` (the replicas backing what was sold
+on it, :func:`floor_replicas`), ``gpus_per_replica``, ``weight``, ``held`` (replicas it runs or is starting,
+not draining) and ``draining`` (on their way out, still on their GPUs). A deployment *wants*
+``max(demand, floor)`` replicas.
+
+The decision, in order:
+
+1. **Floors first.** Every deployment gets its floor. If the floors do not fit (the pool shrank; config
+   load refuses it otherwise), the floors themselves are shared by water-filling and nothing else is given.
+2. **Fair target** (:func:`fair_shares`): the GPUs left are water-filled over demand above the floors,
+   weighted max-min fair in GPUs: replica by replica, to the deployment whose level
+   ``(replicas - floor) * gpus_per_replica / weight`` would be lowest after it, among those whose demand is
+   unmet and whose replica still fits; until none fits.
+3. **Hysteresis.** A deployment keeps the replicas it holds and still wants (never below its floor), trimmed
+   only where the floors need the GPUs; free GPUs are then water-filled as in 2. A deployment left below its
+   fair target (someone else holds more than theirs) waits: only when one has been short for
+   ``reclaim_after_s`` does the whole pool move to the fair target, taking replicas from those above theirs.
+4. **Drain, never kill.** ``drain[d] = held - replicas`` when positive: the shell drains that many (requests
+   in flight finish) and their GPUs go to the deployments with ``start`` counts once free. ``start[d]`` is
+   what may start now, in the GPUs free even counting those still draining.
+
+Invariants (``tests/property/test_capacity_allocator.py``):
+
+- never above the pool: ``sum(replicas * gpus_per_replica) <= pool_gpus``, and the GPUs in use after the
+  starts (held + draining + start) never exceed the pool when they did not before;
+- never below a floor while the floors fit; never above what a deployment wants;
+- work-conserving: while a deployment's demand is unmet, the GPUs free in the allocation are fewer than its
+  ``gpus_per_replica``;
+- max-min fair (the fair target, which the allocation equals with ``reclaim_after_s = 0`` and reaches
+  after ``reclaim_after_s`` under constant inputs): if ``i`` has replicas above its floor and ``j``'s demand
+  is unmet with ``gpus_per_replica[j] <= gpus_per_replica[i]``, then
+  ``level[i] <= level[j] + gpus[j] / weight[j]``;
+- no flapping: under constant inputs, repeated decisions change the allocation at most twice (growing into
+  free GPUs, then the reclaim) and never return to an allocation they left.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pydantic import Field
+
+from fleetgate.core.autoscale.base import replicas_for
+from fleetgate.core.plugins import PluginParams
+
+
+class AllocatorParams(PluginParams):
+    """How long a deployment below its fair share waits before replicas are reclaimed for it."""
+
+    reclaim_after_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="A deployment below its fair share for this long reclaims replicas from those above "
+        "theirs (0: at once). Floors are never made to wait.",
+    )
+
+
+def floor_replicas(
+    sold_mu_per_min: float, capacity_mu_per_min_per_replica: float, target_utilisation: float
+) -> int:
+    """Replicas that back ``sold_mu_per_min`` at the autoscaler's target utilisation:
+    ``ceil(sold / (capacity per replica * target))``; 0 when nothing is sold."""
+    return replicas_for(sold_mu_per_min, capacity_mu_per_min_per_replica, target_utilisation)
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentDemand:
+    """One deployment's inputs to a decision (see the module docstring)."""
+
+    name: str
+    demand: int
+    floor: int = 0
+    gpus_per_replica: int = 1
+    weight: float = 1.0
+    held: int = 0
+    draining: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.demand, self.floor, self.held, self.draining) < 0:
+            raise ValueError(f"{self.name}: demand, floor, held and draining must be >= 0")
+        if self.gpus_per_replica < 1:
+            raise ValueError(f"{self.name}: gpus_per_replica must be >= 1")
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"{self.name}: weight must be finite and > 0")
+
+    @property
+    def wants(self) -> int:
+        """Replicas it would run: its demand, never below its floor."""
+        return max(self.demand, self.floor)
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorState:
+    """Since when each deployment has been below its fair target (name -> time), sorted by name."""
+
+    short_since: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationContext:
+    """Inputs of one decision: the time, the pool and every deployment in it (names unique)."""
+
+    now_s: float
+    pool_gpus: int
+    deployments: Sequence[DeploymentDemand]
+    params: AllocatorParams = field(default_factory=AllocatorParams)
+    state: AllocatorState | None = None
+
+    def __post_init__(self) -> None:
+        if self.pool_gpus < 0:
+            raise ValueError("pool_gpus must be >= 0")
+        names = [d.name for d in self.deployments]
+        if len(set(names)) != len(names):
+            raise ValueError("deployment names must be unique")
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """What each deployment may run (``replicas``), what it must drain and what it may start now.
+
+    ``fair`` is the fair target the allocation moves to once a reclaim is due; ``floors_fit`` is false when
+    the floors alone exceed the pool (``floor_shortfall_gpus`` GPUs more would be needed).
+    """
+
+    replicas: Mapping[str, int]
+    drain: Mapping[str, int]
+    start: Mapping[str, int]
+    fair: Mapping[str, int]
+    floors_fit: bool
+    floor_shortfall_gpus: int
+    reclaimed: bool = False
+
+    def gpus(self, deployments: Sequence[DeploymentDemand]) -> int:
+        """GPUs the allocation gives out."""
+        return sum(self.replicas[d.name] * d.gpus_per_replica for d in deployments)
+
+
+def _gpus(counts: Mapping[str, int], deps: Sequence[DeploymentDemand]) -> int:
+    return sum(counts[d.name] * d.gpus_per_replica for d in deps)
+
+
+def _water_fill(
+    pool_gpus: int,
+    deps: Sequence[DeploymentDemand],
+    start: Mapping[str, int],
+    base: Mapping[str, int],
+    ceiling: Mapping[str, int],
+) -> dict[str, int]:
+    """From ``start``, one replica at a time to the deployment whose level ``(n - base) * g / w`` is lowest
+    after it, among those below ``ceiling`` whose replica fits in what is free; until none does."""
+    out = dict(start)
+    free = pool_gpus - _gpus(out, deps)
+    by_name = {d.name: d for d in deps}
+
+    def key(d: DeploymentDemand) -> tuple[float, float, str]:
+        level = (out[d.name] - base[d.name]) * d.gpus_per_replica / d.weight
+        return (level + d.gpus_per_replica / d.weight, level, d.name)
+
+    heap = [key(d) for d in deps if out[d.name] < ceiling[d.name]]
+    heapq.heapify(heap)
+    while heap:
+        name = heapq.heappop(heap)[2]
+        dep = by_name[name]
+        if dep.gpus_per_replica > free:
+            continue  # free only shrinks: it never fits again in this fill
+        out[name] += 1
+        free -= dep.gpus_per_replica
+        if out[name] < ceiling[name]:
+            heapq.heappush(heap, key(dep))
+    return out
+
+
+def _floors(pool_gpus: int, deps: Sequence[DeploymentDemand]) -> tuple[dict[str, int], bool, int]:
+    """Each deployment's guaranteed base: its floor, or its water-filled share of the floors when they do
+    not fit; whether they fit, and the GPUs missing."""
+    need = sum(d.floor * d.gpus_per_replica for d in deps)
+    floors = {d.name: d.floor for d in deps}
+    if need <= pool_gpus:
+        return floors, True, 0
+    zero = {d.name: 0 for d in deps}
+    return _water_fill(pool_gpus, deps, zero, zero, floors), False, need - pool_gpus
+
+
+def fair_shares(pool_gpus: int, deps: Sequence[DeploymentDemand]) -> dict[str, int]:
+    """The fair target, holdings ignored: floors first, then weighted max-min water-filling above them."""
+    base, fit, _ = _floors(pool_gpus, deps)
+    if not fit:
+        return base
+    return _water_fill(pool_gpus, deps, base, base, {d.name: d.wants for d in deps})
+
+
+def _keep(
+    pool_gpus: int,
+    deps: Sequence[DeploymentDemand],
+    base: Mapping[str, int],
+    wants: Mapping[str, int],
+    fair: Mapping[str, int],
+) -> dict[str, int]:
+    """What each deployment holds and still wants, at least its base; trimmed (the one furthest above its
+    fair target first) where the bases need the GPUs."""
+    keep = {d.name: max(base[d.name], min(d.held, wants[d.name])) for d in deps}
+    while _gpus(keep, deps) > pool_gpus:
+        over = [d for d in deps if keep[d.name] > max(base[d.name], fair[d.name])]
+        if not over:  # cannot happen: sum(fair) fits and fair >= base
+            break
+        top = max(over, key=lambda d: ((keep[d.name] - base[d.name]) * d.gpus_per_replica / d.weight, d.name))
+        keep[top.name] -= 1
+    return keep
+
+
+def _starts(pool_gpus: int, deps: Sequence[DeploymentDemand], replicas: Mapping[str, int]) -> dict[str, int]:
+    """Replicas each may start now: toward its allocation, within the GPUs free counting draining ones,
+    the lowest fill ratio first."""
+    free = pool_gpus - sum((d.held + d.draining) * d.gpus_per_replica for d in deps)
+    start = {d.name: 0 for d in deps}
+    order = sorted(
+        (d for d in deps if replicas[d.name] > d.held),
+        key=lambda d: (d.held / replicas[d.name], d.name),
+    )
+    for dep in order:
+        n = min(replicas[dep.name] - dep.held, max(0, free) // dep.gpus_per_replica)
+        start[dep.name] = n
+        free -= n * dep.gpus_per_replica
+    return start
+
+
+def decide(ctx: AllocationContext) -> tuple[Allocation, AllocatorState]:
+    """The replicas each deployment may run, what to drain and start, and the state for the next call."""
+    deps = list(ctx.deployments)
+    pool = ctx.pool_gpus
+    base, fit, shortfall = _floors(pool, deps)
+    fair = fair_shares(pool, deps)
+    wants = {d.name: d.wants if fit else base[d.name] for d in deps}  # floors that do not fit: nothing more
+    replicas = _water_fill(pool, deps, _keep(pool, deps, base, wants, fair), base, wants)
+    before = dict((ctx.state or AllocatorState()).short_since)
+    short = {n: before.get(n, ctx.now_s) for n in sorted(replicas) if replicas[n] < fair[n]}
+    # A due deployment stays in ``short`` until its holdings catch up, so the next decisions keep the fair
+    # target while the shell drains and starts, instead of waiting out the hold again.
+    reclaimed = any(ctx.now_s - t >= ctx.params.reclaim_after_s for t in short.values())
+    if reclaimed:
+        replicas = dict(fair)
+    drain = {d.name: max(0, d.held - replicas[d.name]) for d in deps}
+    allocation = Allocation(
+        replicas=replicas,
+        drain=drain,
+        start=_starts(pool, deps, replicas),
+        fair=fair,
+        floors_fit=fit,
+        floor_shortfall_gpus=shortfall,
+        reclaimed=reclaimed,
+    )
+    return allocation, AllocatorState(tuple(short.items()))

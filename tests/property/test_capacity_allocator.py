@@ -1,0 +1,205 @@
+"""Property tests of the GPU pool allocator's invariants (core/capacity/allocator.py, hypothesis)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetgate.core.capacity import (
+    AllocationContext,
+    AllocatorParams,
+    AllocatorState,
+    DeploymentDemand,
+    decide,
+    fair_shares,
+    floor_replicas,
+)
+
+EPS = 1e-9
+
+
+@st.composite
+def pools(draw: st.DrawFn, floors_fit: bool | None = None) -> tuple[int, list[DeploymentDemand]]:
+    """A pool and 1-5 deployments with demand, floors, replica sizes, weights and holdings."""
+    n = draw(st.integers(min_value=1, max_value=5))
+    deps = []
+    for i in range(n):
+        deps.append(
+            DeploymentDemand(
+                name=f"d{i}",
+                demand=draw(st.integers(min_value=0, max_value=12)),
+                floor=draw(st.integers(min_value=0, max_value=4)),
+                gpus_per_replica=draw(st.sampled_from([1, 1, 2, 4, 8])),
+                weight=draw(st.sampled_from([0.5, 1.0, 1.0, 2.0, 3.0])),
+                held=draw(st.integers(min_value=0, max_value=10)),
+                draining=draw(st.integers(min_value=0, max_value=2)),
+            )
+        )
+    need = sum(d.floor * d.gpus_per_replica for d in deps)
+    if floors_fit is True:
+        pool = draw(st.integers(min_value=need, max_value=need + 64))
+    elif floors_fit is False and need > 0:
+        pool = draw(st.integers(min_value=0, max_value=need - 1))
+    else:
+        pool = draw(st.integers(min_value=0, max_value=96))
+    return pool, deps
+
+
+def _level(n: int, d: DeploymentDemand) -> float:
+    return (n - d.floor) * d.gpus_per_replica / d.weight
+
+
+def _free(pool: int, deps: list[DeploymentDemand], replicas: dict[str, int] | object) -> int:
+    assert isinstance(replicas, dict)
+    return pool - sum(replicas[d.name] * d.gpus_per_replica for d in deps)
+
+
+reclaim_times = st.sampled_from([0.0, 30.0, 120.0])
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=pools(), reclaim_after_s=reclaim_times, now=st.floats(min_value=0, max_value=1e6))
+def test_never_above_the_pool_nor_above_what_a_deployment_wants(
+    case: tuple[int, list[DeploymentDemand]], reclaim_after_s: float, now: float
+) -> None:
+    pool, deps = case
+    alloc, _ = decide(AllocationContext(now, pool, deps, AllocatorParams(reclaim_after_s=reclaim_after_s)))
+    replicas = dict(alloc.replicas)
+    assert _free(pool, deps, replicas) >= 0
+    assert alloc.gpus(deps) <= pool
+    for d in deps:
+        assert 0 <= replicas[d.name] <= d.wants
+        assert alloc.drain[d.name] == max(0, d.held - replicas[d.name])
+        assert alloc.start[d.name] <= max(0, replicas[d.name] - d.held)
+    used_before = sum((d.held + d.draining) * d.gpus_per_replica for d in deps)
+    used_after = used_before + sum(alloc.start[d.name] * d.gpus_per_replica for d in deps)
+    assert used_after <= max(pool, used_before)  # starts only in GPUs that are physically free
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=pools(floors_fit=True), reclaim_after_s=reclaim_times)
+def test_floors_are_kept_while_they_fit(
+    case: tuple[int, list[DeploymentDemand]], reclaim_after_s: float
+) -> None:
+    pool, deps = case
+    alloc, _ = decide(AllocationContext(5.0, pool, deps, AllocatorParams(reclaim_after_s=reclaim_after_s)))
+    assert alloc.floors_fit and alloc.floor_shortfall_gpus == 0
+    for d in deps:
+        assert alloc.replicas[d.name] >= d.floor
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=pools(floors_fit=False))
+def test_floors_that_do_not_fit_are_reported_and_nothing_goes_above_them(
+    case: tuple[int, list[DeploymentDemand]],
+) -> None:
+    pool, deps = case
+    need = sum(d.floor * d.gpus_per_replica for d in deps)
+    alloc, _ = decide(AllocationContext(0.0, pool, deps))
+    if need <= pool:  # no floors drawn at all
+        return
+    assert not alloc.floors_fit
+    assert alloc.floor_shortfall_gpus == need - pool
+    assert alloc.gpus(deps) <= pool
+    for d in deps:
+        assert alloc.replicas[d.name] <= d.floor
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=pools(floors_fit=True), reclaim_after_s=reclaim_times)
+def test_work_conserving_no_gpu_idle_while_demand_is_unmet(
+    case: tuple[int, list[DeploymentDemand]], reclaim_after_s: float
+) -> None:
+    pool, deps = case
+    alloc, _ = decide(AllocationContext(0.0, pool, deps, AllocatorParams(reclaim_after_s=reclaim_after_s)))
+    free = _free(pool, deps, dict(alloc.replicas))
+    for d in deps:
+        if alloc.replicas[d.name] < d.wants:
+            assert free < d.gpus_per_replica, (d, free)
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=pools(floors_fit=True))
+def test_weighted_max_min_fair_above_the_floors(case: tuple[int, list[DeploymentDemand]]) -> None:
+    pool, deps = case
+    alloc, _ = decide(AllocationContext(0.0, pool, deps, AllocatorParams(reclaim_after_s=0.0)))
+    assert dict(alloc.replicas) == fair_shares(pool, deps)
+    for i in deps:
+        ni = alloc.replicas[i.name]
+        if ni <= i.floor:
+            continue
+        for j in deps:
+            nj = alloc.replicas[j.name]
+            if j is i or nj >= j.wants or j.gpus_per_replica > i.gpus_per_replica:
+                continue
+            # i's last replica went to the lowest resulting level: j's next one would not be lower
+            assert _level(ni, i) <= _level(nj + 1, j) + EPS, (i, ni, j, nj)
+
+
+def _run(pool: int, deps: list[DeploymentDemand], reclaim_after_s: float, steps: int) -> list[dict[str, int]]:
+    """Repeated decisions every 10 s under constant inputs, the shell applying each at once."""
+    params = AllocatorParams(reclaim_after_s=reclaim_after_s)
+    state: AllocatorState | None = None
+    seen = []
+    for k in range(steps):
+        alloc, state = decide(AllocationContext(10.0 * k, pool, deps, params, state))
+        seen.append(dict(alloc.replicas))
+        deps = [dataclasses.replace(d, held=alloc.replicas[d.name], draining=0) for d in deps]
+    return seen
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=pools(), reclaim_after_s=reclaim_times)
+def test_no_flapping_under_constant_inputs(
+    case: tuple[int, list[DeploymentDemand]], reclaim_after_s: float
+) -> None:
+    pool, deps = case
+    seen = _run(pool, deps, reclaim_after_s, steps=int(reclaim_after_s / 10) + 6)
+    changes = [k for k in range(1, len(seen)) if seen[k] != seen[k - 1]]
+    assert len(changes) <= 2, seen
+    distinct = [seen[0]] + [seen[k] for k in changes]
+    assert all(distinct.count(a) == 1 for a in distinct), distinct  # never back to one it left
+    assert seen[-1] == fair_shares(pool, deps)  # the hold has passed: the fair target, and it stays
+
+
+def test_a_held_replica_waits_out_the_hold_then_moves_to_the_starved_deployment() -> None:
+    a = DeploymentDemand("a", demand=4, held=4)
+    b = DeploymentDemand("b", demand=2, held=0)
+    params = AllocatorParams(reclaim_after_s=60.0)
+    alloc, state = decide(AllocationContext(0.0, 4, [a, b], params))
+    assert dict(alloc.replicas) == {"a": 4, "b": 0} and dict(alloc.fair) == {"a": 2, "b": 2}
+    assert not alloc.reclaimed and state.short_since == (("b", 0.0),)
+    alloc, state = decide(AllocationContext(59.0, 4, [a, b], params, state))
+    assert dict(alloc.replicas) == {"a": 4, "b": 0}
+    alloc, state = decide(AllocationContext(60.0, 4, [a, b], params, state))
+    assert alloc.reclaimed and dict(alloc.replicas) == {"a": 2, "b": 2}
+    assert dict(alloc.drain) == {"a": 2, "b": 0}
+    assert dict(alloc.start) == {"a": 0, "b": 0}  # a's replicas still hold the GPUs until drained
+    a = dataclasses.replace(a, held=2, draining=2)
+    alloc, state = decide(AllocationContext(70.0, 4, [a, b], params, state))
+    assert dict(alloc.replicas) == {"a": 2, "b": 2} and dict(alloc.start) == {"a": 0, "b": 0}
+    a = dataclasses.replace(a, draining=0)
+    alloc, state = decide(AllocationContext(80.0, 4, [a, b], params, state))
+    assert dict(alloc.start) == {"a": 0, "b": 2}
+
+
+def test_a_floor_is_honoured_at_once_without_waiting() -> None:
+    a = DeploymentDemand("a", demand=4, held=4)
+    b = DeploymentDemand("b", demand=0, floor=3, held=0)
+    alloc, _ = decide(AllocationContext(0.0, 4, [a, b], AllocatorParams(reclaim_after_s=600.0)))
+    assert dict(alloc.replicas) == {"a": 1, "b": 3} and dict(alloc.drain) == {"a": 3, "b": 0}
+
+
+def test_weights_and_replica_sizes_share_gpus() -> None:
+    a = DeploymentDemand("a", demand=100, gpus_per_replica=1, weight=1.0)
+    b = DeploymentDemand("b", demand=100, gpus_per_replica=4, weight=3.0)
+    alloc, _ = decide(AllocationContext(0.0, 16, [a, b], AllocatorParams(reclaim_after_s=0.0)))
+    assert dict(alloc.replicas) == {"a": 4, "b": 3}  # 4 GPUs against 12: weights 1 to 3
+
+
+def test_floor_replicas_at_the_target_utilisation() -> None:
+    assert floor_replicas(0.0, 100.0, 0.7) == 0
+    assert floor_replicas(140.0, 100.0, 0.7) == 2  # exactly two replicas at 70 %
+    assert floor_replicas(141.0, 100.0, 0.7) == 3
