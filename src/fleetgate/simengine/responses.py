@@ -58,11 +58,15 @@ class ChoicePlan:
         return self.plan.finish_reason
 
     def token(self, i: int) -> str:
+        return self.tokens()[i]
+
+    def tokens(self) -> tuple[str, ...]:
+        """Every output token's text, in order."""
         if self.pieces is not None:
-            return self.pieces[i]
+            return self.pieces
         if self.filler is None:  # each filler word depends on the text before it: make them once, in order
             self.filler = filler_words(self.start, self.plan.tokens)
-        return self.filler[i]
+        return self.filler
 
     def text(self) -> str:
         text = "".join(self.token(i) for i in range(self.plan.tokens))
@@ -246,6 +250,11 @@ class StreamEncoder:
         if self.logprobs is not None:
             lp = _completion_logprobs(c.echo, 0, self.logprobs.top, 0, len(c.echo))
         return self._chunk({"index": c.index, "text": "".join(c.echo), "logprobs": lp, "finish_reason": None})
+
+    def plain(self, c: ChoicePlan) -> tuple[bytes, bytes] | None:
+        """The byte template ``(before, after)`` of ``c``'s token chunks when they carry only text (the
+        fast path: ``before + orjson.dumps(text) + after``), else ``None``."""
+        return self._template(c.index) if self.logprobs is None and c.tool is None else None
 
     def token(self, c: ChoicePlan, i: int, text: str) -> bytes:
         """The chunk carrying output token ``i`` (its text possibly cut short by a stop string)."""

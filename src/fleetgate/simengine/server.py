@@ -441,14 +441,19 @@ class SimEngine:
                 for c in choices:
                     assert c.live is not None
                     upto = c.live.tokens if stall_at < 0 else min(c.live.tokens, c.sent + stall_at - chunks)
+                    texts = c.tokens()
+                    plain = encoder.plain(c)
                     for i in range(c.sent, upto):
-                        text = c.token(i)
+                        text = texts[i]
                         if c.chars_left >= 0:
                             text = text[: c.chars_left]
                             c.chars_left -= len(text)
                             if not text:
                                 continue
-                        out += encoder.token(c, i, text)
+                        if plain is not None:
+                            out += plain[0] + orjson.dumps(text) + plain[1]
+                        else:
+                            out += encoder.token(c, i, text)
                         chunks += 1
                     c.sent = max(c.sent, upto)
             if stall_at < 0 and all(c.live.done and c.sent >= c.plan.tokens for c in choices if c.live):
