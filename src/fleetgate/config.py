@@ -99,6 +99,12 @@ class DeploymentConfig(_Strict):
         default=None, description="Cost profile name or JSON path (model units); default profile if unset."
     )
     capacity_mu_per_min: float = Field(default=100.0, gt=0, description="MU one replica serves per minute.")
+    pool: str | None = Field(
+        default=None,
+        description="GPU pool (`pools[].name`) its replicas run in; its reservations must fit there "
+        "(docs/capacity.md). Unset: no pool, replicas are not counted against one.",
+    )
+    gpus_per_replica: int = Field(default=1, ge=1, description="GPUs one replica occupies in its pool.")
     upstream_api_key: str | None = Field(
         default=None,
         description="Bearer key the gateway sends to the engines (e.g. vLLM --api-key); clients' keys are "
@@ -508,10 +514,21 @@ class OpsConfig(_Strict):
     )
 
 
+class PoolConfig(_Strict):
+    """A finite set of GPUs shared by the deployments that name it (docs/capacity.md)."""
+
+    name: str = Field(min_length=1, description="Pool name deployments refer to (`deployments[].pool`).")
+    gpus: int = Field(ge=1, description="GPUs in the pool.")
+
+
 class FleetgateConfig(_Strict):
     """The whole configuration tree."""
 
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    pools: list[PoolConfig] = Field(
+        default_factory=list,
+        description="GPU pools; reservations on their deployments may not oversell them.",
+    )
     deployments: list[DeploymentConfig] = Field(default_factory=list)
     local: LocalConfig = Field(default_factory=LocalConfig, description="`fleetgate up` replicas.")
     tenants: list[TenantConfig] = Field(default_factory=list, description="Tenants (none: no auth).")

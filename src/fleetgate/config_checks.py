@@ -19,7 +19,7 @@ _STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 
 def config_problems(cfg: FleetgateConfig) -> list[str]:
     """Cross-field problems that make a config wrong wherever it runs, one line each with its path:
-    duplicate names and keys, unknown cost profiles, an unsupported store URL."""
+    duplicate names and keys, unknown cost profiles, pools unknown or oversold, an unsupported store URL."""
     from fleetgate.profiles import load_profile
 
     problems: list[str] = []
@@ -53,6 +53,7 @@ def config_problems(cfg: FleetgateConfig) -> list[str]:
                 problems.append(f"deployments.{i}.cost_profile: {exc}")
         if dep.upstream_api_key and dep.upstream_api_key_file:
             problems.append(f"deployments.{i}.upstream_api_key_file: set either it or upstream_api_key")
+    problems += pool_problems(cfg)
     store = cfg.admission.store
     if store.kind == "redis" and not store.url.startswith(_STORE_SCHEMES):
         scheme = store.url.split("://", 1)[0] if "://" in store.url else store.url
@@ -98,4 +99,61 @@ def serve_problems(cfg: FleetgateConfig, implied_models: tuple[str, ...] = ()) -
                 Path(file).read_bytes()
             except OSError as exc:
                 problems.append(f"{where}: cannot read {file}: {exc.strerror}")
+    return problems
+
+
+def reservation_target_utilisation(cfg: FleetgateConfig) -> float:
+    """The utilisation reservations are backed at: the configured fleetgate autoscaler's target, else its
+    default."""
+    from fleetgate.core.autoscale.fleetgate import AutoscalePolicy
+
+    scaler = cfg.local.autoscaler
+    return (scaler if isinstance(scaler, AutoscalePolicy) else AutoscalePolicy()).target_utilisation
+
+
+def pool_problems(cfg: FleetgateConfig) -> list[str]:
+    """Pools named twice or unknown, replicas larger than their pool, and pools whose floors (the replicas
+    backing the reservations sold on their deployments) need more GPUs than they have: one line per pool
+    with the shortfall in GPUs and in MU/min (what the pool's GPUs cannot back at this mix)."""
+    from fleetgate.core.capacity import floor_replicas
+
+    problems: list[str] = []
+    pools: dict[str, int] = {}
+    for i, pool in enumerate(cfg.pools):
+        if pool.name in pools:
+            problems.append(f"pools.{i}.name: pool {pool.name!r} is already pools.{pools[pool.name]}")
+        pools.setdefault(pool.name, i)
+    sold: dict[str, float] = {}
+    for tenant in cfg.tenants:
+        for model, mu in tenant.reserved_mu_per_min.items():
+            sold[model] = sold.get(model, 0.0) + mu
+    target = reservation_target_utilisation(cfg)
+    need_gpus = [0] * len(cfg.pools)
+    exact_gpus = [0.0] * len(cfg.pools)
+    sold_mu = [0.0] * len(cfg.pools)
+    for i, dep in enumerate(cfg.deployments):
+        if dep.pool is None:
+            continue
+        if dep.pool not in pools:
+            problems.append(f"deployments.{i}.pool: no pool is called {dep.pool!r}")
+            continue
+        k = pools[dep.pool]
+        if dep.gpus_per_replica > cfg.pools[k].gpus:
+            problems.append(
+                f"deployments.{i}.gpus_per_replica: {dep.gpus_per_replica} GPUs per replica do not fit pool "
+                f"{dep.pool!r} ({cfg.pools[k].gpus} GPUs)"
+            )
+        mu = sold.get(dep.model, 0.0)
+        need_gpus[k] += floor_replicas(mu, dep.capacity_mu_per_min, target) * dep.gpus_per_replica
+        exact_gpus[k] += mu * dep.gpus_per_replica / (dep.capacity_mu_per_min * target)
+        sold_mu[k] += mu
+    for k, pool in enumerate(cfg.pools):
+        if need_gpus[k] <= pool.gpus:
+            continue
+        over_mu = max(0.0, sold_mu[k] * (1.0 - pool.gpus / exact_gpus[k]))
+        problems.append(
+            f"pools.{k}: pool {pool.name!r} is oversold: the reservations on its deployments "
+            f"({sold_mu[k]:g} MU/min) need {need_gpus[k]} GPUs at target utilisation {target:g}, it has "
+            f"{pool.gpus}: short by {need_gpus[k] - pool.gpus} GPUs and {over_mu:.1f} MU/min"
+        )
     return problems
