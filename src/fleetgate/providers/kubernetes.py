@@ -11,8 +11,8 @@
 
 In a pod, :meth:`KubernetesProvider.in_cluster` reads the service-account token (re-read periodically: bound
 tokens rotate), the cluster CA and the namespace from ``/var/run/secrets/kubernetes.io/serviceaccount``.
-RBAC needed: ``deployments/scale`` get+patch, ``endpointslices`` list, ``pods`` delete+patch
-(deploy/k8s/gateway.yaml has the Role).
+RBAC needed: ``deployments/scale`` get+patch, ``endpointslices`` list+watch, ``pods`` delete+patch
+(deploy/k8s/gateway.yaml has the Role). Discovery by watch (``kubernetes_watch.EndpointSliceWatcher``).
 """
 
 from __future__ import annotations
@@ -39,12 +39,28 @@ FIELD_MANAGER = "fleetgate"
 
 
 class KubernetesError(Exception):
-    """The API server refused a request; ``status`` is its HTTP status, ``reason`` the Status reason."""
+    """The API server refused a request; ``status`` is its HTTP status, ``reason`` the Status reason.
 
-    def __init__(self, message: str, *, status: int, reason: str = "") -> None:
+    ``retry_after_s`` is the server's ``Retry-After`` (a 429 from API priority and fairness, a 503), if any.
+    """
+
+    def __init__(
+        self, message: str, *, status: int, reason: str = "", retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """``Retry-After`` in seconds (the API server sends delta-seconds); None when absent or not a number."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value.strip()))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,14 +290,39 @@ class KubernetesProvider:
                         f"{method} {path}: HTTP {resp.status} {reason}: {message}",
                         status=resp.status,
                         reason=reason,
+                        retry_after_s=retry_after_seconds(resp.headers.get("Retry-After")),
                     )
                 return orjson.loads(raw) if raw else None
+
+    def open_stream(self, path: str, *, params: Mapping[str, str], idle_timeout_s: float) -> Any:
+        """``async with provider.open_stream(path, ...) as resp``: a long-lived GET (a watch).
+
+        No total timeout (a watch lasts its ``timeoutSeconds``); silence longer than ``idle_timeout_s``
+        fails the read, so a half-open connection is noticed.
+        """
+        return self.session.get(
+            self.api_base + path,
+            params=params,
+            headers=self._headers(),
+            ssl=self._ssl if self._ssl is not None else True,
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=self.request_timeout_s, sock_read=idle_timeout_s
+            ),
+        )
+
+    async def list_slices(self) -> Any:
+        """The Service's ``EndpointSliceList`` (with ``metadata.resourceVersion``, where a watch starts)."""
+        return await self._request("GET", self.slices_path, params={"labelSelector": self.slice_selector})
 
     # -- paths ---------------------------------------------------------------------------------------------
 
     @property
     def scale_path(self) -> str:
         return f"/apis/apps/v1/namespaces/{quote(self.namespace)}/deployments/{quote(self.deployment)}/scale"
+
+    @property
+    def slice_selector(self) -> str:
+        return f"{SERVICE_NAME_LABEL}={self.service}"
 
     @property
     def slices_path(self) -> str:
