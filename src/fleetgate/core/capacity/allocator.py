@@ -16,7 +16,8 @@ The decision, in order:
 2. **Fair target** (:func:`fair_shares`): the GPUs left are water-filled over demand above the floors,
    weighted max-min fair in GPUs: replica by replica, to the deployment whose level
    ``(replicas - floor) * gpus_per_replica / weight`` would be lowest after it, among those whose demand is
-   unmet and whose replica still fits; until none fits.
+   unmet and whose replica fits, or fits once deployments further above it give up replicas (so small
+   replicas cannot starve a deployment of large ones); until none does.
 3. **Hysteresis.** A deployment keeps the replicas it holds and still wants (never below its floor), trimmed
    only where the floors need the GPUs; free GPUs are then water-filled as in 2. A deployment left below its
    fair target (someone else holds more than theirs) waits: only when one has been short for
@@ -33,9 +34,9 @@ Invariants (``tests/property/test_capacity_allocator.py``):
 - work-conserving: while a deployment's demand is unmet, the GPUs free in the allocation are fewer than its
   ``gpus_per_replica``;
 - max-min fair (the fair target, which the allocation equals with ``reclaim_after_s = 0`` and reaches
-  after ``reclaim_after_s`` under constant inputs): if ``i`` has replicas above its floor and ``j``'s demand
-  is unmet with ``gpus_per_replica[j] <= gpus_per_replica[i]``, then
-  ``level[i] <= level[j] + gpus[j] / weight[j]``;
+  after ``reclaim_after_s`` under constant inputs): while ``j``'s demand is unmet, taking enough replicas
+  from any ``i`` (above its floor) to fit one more of ``j``'s would leave ``i``'s level at or below ``j``'s;
+  with equal replica sizes and weights, levels above the floors differ by at most one replica;
 - no flapping: under constant inputs, repeated decisions change the allocation at most twice (growing into
   free GPUs, then the reclaim) and never return to an allocation they left.
 """
@@ -51,6 +52,10 @@ from pydantic import Field
 
 from fleetgate.core.autoscale.base import replicas_for
 from fleetgate.core.plugins import PluginParams
+
+#: Tolerance in level comparisons; bound on fair water-filling steps (each raises the levels: never reached).
+EPS = 1e-9
+_MAX_STEPS = 10_000_000
 
 
 class AllocatorParams(PluginParams):
@@ -179,6 +184,74 @@ def _water_fill(
     return out
 
 
+def _level(counts: Mapping[str, int], base: Mapping[str, int], d: DeploymentDemand) -> float:
+    return (counts[d.name] - base[d.name]) * d.gpus_per_replica / d.weight
+
+
+def _preempt(
+    free: int,
+    deps: Sequence[DeploymentDemand],
+    out: Mapping[str, int],
+    base: Mapping[str, int],
+    taker: DeploymentDemand,
+) -> tuple[dict[str, int], int] | None:
+    """Make room for one replica of ``taker`` by taking replicas (above their base) from the deployments
+    highest above it, each left above ``taker``'s current level; ``None`` when that cannot free enough.
+    Every such move raises the sorted vector of levels, so repeating it terminates."""
+    trial, low = dict(out), _level(out, base, taker)
+    while free < taker.gpus_per_replica:
+        donors = [
+            d
+            for d in deps
+            if d.name != taker.name
+            and trial[d.name] > base[d.name]
+            and _level(trial, base, d) - d.gpus_per_replica / d.weight > low + EPS
+        ]
+        if not donors:
+            return None
+        top = max(donors, key=lambda d: (_level(trial, base, d), d.name))
+        trial[top.name] -= 1
+        free += top.gpus_per_replica
+    return trial, free
+
+
+def _fair_fill(
+    pool_gpus: int, deps: Sequence[DeploymentDemand], base: Mapping[str, int], ceiling: Mapping[str, int]
+) -> dict[str, int]:
+    """Water-filling above ``base`` that replicas of different sizes cannot starve: one replica at a time
+    to the lowest resulting level whose replica fits, or fits after :func:`_preempt`; until none does.
+
+    At the end no deployment below its ceiling can take replicas from another and stay below it: for
+    ``j`` unmet, taking enough of ``i``'s replicas for one of ``j``'s would leave ``i`` at or below ``j``'s
+    level (locally max-min optimal; with equal sizes and weights, levels differ by at most one replica).
+    """
+    out = dict(base)
+    free = pool_gpus - _gpus(out, deps)
+    for _ in range(_MAX_STEPS):
+        order = sorted(
+            (d for d in deps if out[d.name] < ceiling[d.name]),
+            key=lambda d: (
+                _level(out, base, d) + d.gpus_per_replica / d.weight,
+                _level(out, base, d),
+                d.name,
+            ),
+        )
+        for dep in order:
+            if dep.gpus_per_replica <= free:
+                out[dep.name] += 1
+                free -= dep.gpus_per_replica
+                break
+            moved = _preempt(free, deps, out, base, dep)
+            if moved is not None:
+                out, free = moved
+                out[dep.name] += 1
+                free -= dep.gpus_per_replica
+                break
+        else:
+            return out
+    return out  # not reached: every step raises the sorted levels, and there are finitely many
+
+
 def _floors(pool_gpus: int, deps: Sequence[DeploymentDemand]) -> tuple[dict[str, int], bool, int]:
     """Each deployment's guaranteed base: its floor, or its water-filled share of the floors when they do
     not fit; whether they fit, and the GPUs missing."""
@@ -187,7 +260,7 @@ def _floors(pool_gpus: int, deps: Sequence[DeploymentDemand]) -> tuple[dict[str,
     if need <= pool_gpus:
         return floors, True, 0
     zero = {d.name: 0 for d in deps}
-    return _water_fill(pool_gpus, deps, zero, zero, floors), False, need - pool_gpus
+    return _fair_fill(pool_gpus, deps, zero, floors), False, need - pool_gpus
 
 
 def fair_shares(pool_gpus: int, deps: Sequence[DeploymentDemand]) -> dict[str, int]:
@@ -195,7 +268,7 @@ def fair_shares(pool_gpus: int, deps: Sequence[DeploymentDemand]) -> dict[str, i
     base, fit, _ = _floors(pool_gpus, deps)
     if not fit:
         return base
-    return _water_fill(pool_gpus, deps, base, base, {d.name: d.wants for d in deps})
+    return _fair_fill(pool_gpus, deps, base, {d.name: d.wants for d in deps})
 
 
 def _keep(
