@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import aiohttp
 import pytest
@@ -53,23 +53,6 @@ async def answers(url: str) -> bool:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         async with s.post(url + "/v1/chat/completions", json=body) as resp:
             return resp.status == 200 and bool((await resp.json())["choices"])
-
-
-@pytest.fixture
-async def k8s() -> AsyncIterator[tuple[FakeCluster, ApiServer, KubernetesProvider]]:
-    cluster = FakeCluster(replicas=2, bookmark_interval_s=0.3, termination_grace_s=0.5)
-    server = ApiServer(cluster)
-    await cluster.start()
-    await server.start_http()
-    provider = KubernetesProvider(
-        api_base=server.url, namespace="llm", deployment="engine", service="engine", port_name="http"
-    )
-    try:
-        yield cluster, server, provider
-    finally:
-        await provider.close()
-        await server.stop_http()
-        await cluster.close()
 
 
 async def test_watch_follows_scale_up_scale_down_and_pod_deletion(
