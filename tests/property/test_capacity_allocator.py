@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -273,3 +274,23 @@ def test_a_demand_blip_shorter_than_the_hold_moves_no_replica() -> None:
         b = DeploymentDemand("b", demand=2 if k % 2 else 0, held=0)
         alloc, state = decide(AllocationContext(10.0 * k, 4, [a, b], params, state))
         assert dict(alloc.replicas) == {"a": 4, "b": 0} and not alloc.reclaimed
+
+
+def test_empty_pool_and_no_deployments() -> None:
+    alloc, state = decide(AllocationContext(0.0, 0, []))
+    assert dict(alloc.replicas) == {} and alloc.floors_fit and state == AllocatorState()
+    d = DeploymentDemand("a", demand=3, floor=1, held=2)
+    alloc, _ = decide(AllocationContext(0.0, 0, [d]))
+    assert dict(alloc.replicas) == {"a": 0} and dict(alloc.drain) == {"a": 2}
+    assert not alloc.floors_fit and alloc.floor_shortfall_gpus == 1
+
+
+def test_inputs_are_checked() -> None:
+    with pytest.raises(ValueError, match="gpus_per_replica"):
+        DeploymentDemand("a", demand=1, gpus_per_replica=0)
+    with pytest.raises(ValueError, match="weight"):
+        DeploymentDemand("a", demand=1, weight=0.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        DeploymentDemand("a", demand=-1)
+    with pytest.raises(ValueError, match="unique"):
+        AllocationContext(0.0, 4, [DeploymentDemand("a", 1), DeploymentDemand("a", 1)])
