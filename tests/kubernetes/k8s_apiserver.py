@@ -10,7 +10,8 @@ part of Kubernetes fleetgate talks to, and runs the pods as REAL local engine pr
   BOOKMARK (an object of the watched kind with only ``metadata.resourceVersion``) every
   ``bookmark_interval_s``; events after RV are replayed from history; a RV older than the compacted history
   (:meth:`FakeCluster.compact`) gets, as the watch cache does, HTTP 200 and one ERROR event carrying a
-  ``Status`` with ``code: 410``, reason ``Expired``; no RV (or "0") starts with synthetic ADDED events;
+  ``Status`` with ``code: 410``, reason ``Expired`` (or, with ``expired_as_http``, an HTTP 410 with that
+  Status, the form a watch served without the cache takes); no RV (or "0") starts with synthetic ADDED events;
 * ``labelSelector`` equality terms (``a=b,c=d``);
 * EndpointSlices (``discovery.k8s.io/v1``) labelled ``kubernetes.io/service-name``; each pod gets its own
   slice, because each local engine has its own port and the EndpointSlice controller groups endpoints by
@@ -156,6 +157,7 @@ class FakeCluster:
         self.pods: dict[str, Pod] = {}
         self.deleted_pods: list[str] = []
         self.throttled = 0
+        self.expired_as_http = False  # 410 for a stale watch: an ERROR event (watch cache) or an HTTP 410
         self.retry_after_s = 1
         self.requests: list[tuple[float, str, str, int]] = []  # monotonic time, method, path, status
         self._names = itertools.count(1)
@@ -503,12 +505,16 @@ class ApiServer:
         api = {"endpointslices": "discovery.k8s.io/v1", "pods": "v1", "leases": "coordination.k8s.io/v1"}
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
+        stale = rv_param not in ("", "0") and int(rv_param) < c.compacted_rv
+        if stale and c.expired_as_http:
+            msg = f"too old resource version: {rv_param} ({c.compacted_rv})"
+            return status_response(410, "Expired", msg)
         await resp.prepare(request)
 
         async def send(event: Obj) -> None:
             await resp.write(orjson.dumps(event) + b"\n")
 
-        if rv_param not in ("", "0") and int(rv_param) < c.compacted_rv:
+        if stale:
             msg = f"too old resource version: {rv_param} ({c.compacted_rv})"
             await send({"type": "ERROR", "object": status_obj(410, "Expired", msg)})
             return resp

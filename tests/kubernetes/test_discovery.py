@@ -99,8 +99,12 @@ async def test_watch_follows_scale_up_scale_down_and_pod_deletion(
         await watcher.stop()
 
 
-async def test_stale_resource_version_relists(k8s: tuple[FakeCluster, ApiServer, KubernetesProvider]) -> None:
+@pytest.mark.parametrize("as_http", [False, True], ids=["error-event", "http-410"])
+async def test_stale_resource_version_relists(
+    k8s: tuple[FakeCluster, ApiServer, KubernetesProvider], as_http: bool
+) -> None:
     cluster, server, provider = k8s
+    cluster.expired_as_http = as_http
     watcher = EndpointSliceWatcher(provider, Recorder(), FAST)
     watcher.start()
     try:

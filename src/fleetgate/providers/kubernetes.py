@@ -110,13 +110,13 @@ def _host_for_url(address: str) -> str:
 
 
 def parse_endpoint_slices(
-    obj: Mapping[str, Any], *, port_name: str | None = None, scheme: str = "http"
+    obj: Mapping[str, Any], *, port_name: str | int | None = None, scheme: str = "http"
 ) -> list[KubeReplica]:
     """Replicas from an ``EndpointSliceList`` (or one ``EndpointSlice``), deduplicated by pod.
 
     ``conditions.ready``/``serving`` nil means true and ``terminating`` nil means false (API documentation);
-    FQDN slices are skipped (deprecated, no defined semantics); the port is the one named ``port_name``, else
-    the slice's first port.
+    FQDN slices are skipped (deprecated, no defined semantics); the port is the one named ``port_name`` (the
+    one with that number, given an int), else the slice's first port.
     """
     slices = obj.get("items") if obj.get("kind") != "EndpointSlice" else [obj]
     out: dict[str, KubeReplica] = {}
@@ -126,7 +126,7 @@ def parse_endpoint_slices(
         ports = sl.get("ports") or []
         port: int | None = None
         for p in ports:
-            if port_name is None or p.get("name") == port_name:
+            if port_name is None or p.get("name" if isinstance(port_name, str) else "port") == port_name:
                 port = p.get("port")
                 break
         if port is None:
@@ -170,7 +170,7 @@ class KubernetesProvider:
         namespace: str,
         deployment: str,
         service: str,
-        port_name: str | None = None,
+        port_name: str | int | None = None,
         token: str | Callable[[], str | None] | None = None,
         ssl_context: ssl.SSLContext | bool | None = None,
         session: aiohttp.ClientSession | None = None,
@@ -198,7 +198,7 @@ class KubernetesProvider:
         *,
         deployment: str,
         service: str,
-        port_name: str | None = None,
+        port_name: str | int | None = None,
         namespace: str | None = None,
         sa_dir: Path = SERVICE_ACCOUNT_DIR,
         env: Mapping[str, str] | None = None,

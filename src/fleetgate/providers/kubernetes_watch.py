@@ -65,7 +65,7 @@ def replica_infos(reps: list[KubeReplica]) -> list[ReplicaInfo]:
 class SliceCache:
     """The Service's EndpointSlices by name, the resourceVersion to resume from, the replicas listed."""
 
-    def __init__(self, *, port_name: str | None = None, scheme: str = "http") -> None:
+    def __init__(self, *, port_name: str | int | None = None, scheme: str = "http") -> None:
         self.port_name = port_name
         self.scheme = scheme
         self.resource_version: str | None = None
