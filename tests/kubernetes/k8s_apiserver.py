@@ -157,6 +157,7 @@ class FakeCluster:
         self.pods: dict[str, Pod] = {}
         self.deleted_pods: list[str] = []
         self.throttled = 0
+        self.token: str | None = None  # when set, requests without ``Authorization: Bearer <token>`` get 401
         self.expired_as_http = False  # 410 for a stale watch: an ERROR event (watch cache) or an HTTP 410
         self.retry_after_s = 1
         self.requests: list[tuple[float, str, str, int]] = []  # monotonic time, method, path, status
@@ -465,6 +466,9 @@ class ApiServer:
                 429, "TooManyRequests", "Too many requests, please try again later.",
                 headers={"Retry-After": str(c.retry_after_s)},
             )  # fmt: skip
+        if c.token is not None and request.headers.get("Authorization") != f"Bearer {c.token}":
+            c.requests.append((time.monotonic(), request.method, request.path_qs, 401))
+            return status_response(401, "Unauthorized", "Unauthorized")
         c.requests.append((time.monotonic(), request.method, request.path_qs, 200))
         if request.match_info.get("ns", c.namespace) != c.namespace:
             return status_response(404, "NotFound", "namespace not found")

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -17,6 +19,7 @@ from k8s_apiserver import DELETION_COST, ApiServer, FakeCluster
 
 from fleetgate.providers.base import ReplicaInfo, ReplicaStatus
 from fleetgate.providers.kubernetes import KubernetesProvider
+from fleetgate.providers.kubernetes_config import from_kubeconfig
 from fleetgate.providers.kubernetes_watch import EndpointSliceWatcher, WatchSettings
 
 pytestmark = pytest.mark.timeout(120)
@@ -171,3 +174,34 @@ async def test_throttled_api_server_retry_after_obeyed(
         assert all(g >= 0.95 for g in gaps), gaps
     finally:
         await watcher.stop()
+
+
+async def test_kubeconfig_outside_the_cluster(
+    k8s: tuple[FakeCluster, ApiServer, KubernetesProvider], tmp_path: Path
+) -> None:
+    """A kubeconfig (read by kubernetes_asyncio's loader) gives the server, the token and the namespace."""
+    cluster, server, _provider = k8s
+    cluster.token = "kc-token"
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {"server": server.url}}],
+        "users": [{"name": "gw", "user": {"token": "kc-token"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "test", "user": "gw", "namespace": "llm"}}],
+        "current-context": "t",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(kubeconfig))
+    provider = await from_kubeconfig(
+        deployment="engine", service="engine", port_name="http", config_file=path
+    )
+    assert provider.namespace == "llm"
+    watcher = EndpointSliceWatcher(provider, Recorder(), FAST)
+    watcher.start()
+    try:
+        await wait_until(lambda: len(running(watcher)) == 2)
+        assert (await provider.get_scale()).spec_replicas == 2
+        assert all(st != 401 for _t, _m, _p, st in cluster.requests)
+    finally:
+        await watcher.stop()
+        await provider.close()
