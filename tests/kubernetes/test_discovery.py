@@ -205,3 +205,23 @@ async def test_kubeconfig_outside_the_cluster(
     finally:
         await watcher.stop()
         await provider.close()
+
+
+async def test_watch_resumes_after_the_server_ends_it(
+    k8s: tuple[FakeCluster, ApiServer, KubernetesProvider],
+) -> None:
+    """``timeoutSeconds`` ends each watch; the next one starts from the kept version (no relist, no gap)."""
+    cluster, _server, provider = k8s
+    short = WatchSettings(timeout_s=1, idle_timeout_s=5.0, retry_initial_s=0.1, retry_max_s=0.5)
+    watcher = EndpointSliceWatcher(provider, Recorder(), short)
+    watcher.start()
+    try:
+        await wait_until(lambda: len(running(watcher)) == 2)
+        await asyncio.sleep(2.2)
+        cluster.scale(3)
+        await wait_until(lambda: len(running(watcher)) == 3)
+        watches = [p for _t, _m, p, _s in cluster.requests if "endpointslices" in p and "watch=1" in p]
+        assert len(watches) >= 3
+        assert watcher.relists == 1 and watcher.errors == 0
+    finally:
+        await watcher.stop()

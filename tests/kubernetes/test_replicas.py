@@ -50,6 +50,8 @@ async def test_scale_down_drains_the_chosen_replica_and_only_its_pod_goes(
         victim = max(before)  # the newest ready pod
         assert [d[0] for d in drained] == [victim]
         assert drained[0][2], "drained while its pod still ran, before the count went down"
+        seen = [i.status for lst in told for i in lst if i.name == victim]
+        assert ReplicaStatus.RUNNING not in seen[seen.index(ReplicaStatus.DRAINING) :], "never routable again"
         assert cluster.get("pods", victim)["metadata"]["annotations"][DELETION_COST] == "-1000"
         await cluster.wait_for(lambda: victim not in {i.name for i in prov.watcher.infos()})
         assert cluster.deleted_pods == [victim], "no other (busy) pod removed"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 
 from fleetgate.providers.base import (
     ChangeListener,
@@ -45,10 +46,24 @@ class KubernetesReplicaProvider:
         watch: WatchSettings | None = None,
     ) -> None:
         self.api = api
+        self.on_change = on_change
         self.drain_hook = drain_hook
         self.drain_timeout_s = drain_timeout_s
-        self.watcher = EndpointSliceWatcher(api, on_change, watch)
+        self.watcher = EndpointSliceWatcher(api, self._changed, watch)
+        self._draining: set[str] = set()  # drained by us, still listed ready until their pod terminates
         self._lock = asyncio.Lock()
+
+    def _infos(self) -> ReplicaList:
+        infos = self.watcher.infos()
+        self._draining &= {i.name for i in infos}
+        return [
+            ReplicaInfo(i.name, i.url, ReplicaStatus.DRAINING) if i.name in self._draining else i
+            for i in infos
+        ]
+
+    def _changed(self, _infos: Sequence[ReplicaInfo]) -> None:
+        if self.on_change is not None:
+            self.on_change(self._infos())
 
     async def start(self, sync_timeout_s: float = 10.0) -> None:
         """Start watching; waits (bounded) for the first list so the gateway starts with the replicas."""
@@ -63,12 +78,13 @@ class KubernetesReplicaProvider:
     # -- protocol ------------------------------------------------------------------------------------------
 
     async def list(self) -> ReplicaList:
-        return self.watcher.infos()
+        """Last known replicas; the ones this provider drained stay draining until their endpoint goes."""
+        return self._infos()
 
     async def counts(self) -> ReplicaCounts:
         """The Deployment's desired count (pods without an endpoint yet count as starting)."""
         scale = await self.api.get_scale()
-        ready = sum(1 for r in self.watcher.infos() if r.status == ReplicaStatus.RUNNING)
+        ready = sum(1 for r in self._infos() if r.status == ReplicaStatus.RUNNING)
         return ReplicaCounts(
             current=scale.spec_replicas, ready=ready, starting=max(0, scale.spec_replicas - ready)
         )
@@ -81,7 +97,7 @@ class KubernetesReplicaProvider:
             if replicas < current:
                 # The ReplicaSet removes pods that are pending or not ready before any ready one, whatever
                 # their deletion cost: only the remainder comes out of the ready ones, newest first.
-                ready = [r for r in self.watcher.infos() if r.status == ReplicaStatus.RUNNING]
+                ready = [r for r in self._infos() if r.status == ReplicaStatus.RUNNING]
                 ready.sort(key=lambda r: r.name, reverse=True)
                 victims = ready[: max(0, (current - replicas) - (current - len(ready)))]
                 await asyncio.gather(*(self.drain(v.name) for v in victims))
@@ -102,6 +118,8 @@ class KubernetesReplicaProvider:
         return ReplicaInfo(name, known[name].url, ReplicaStatus.DRAINING)
 
     async def drain(self, name: str) -> None:
+        self._draining.add(name)
+        self._changed([])
         if self.drain_hook is not None:
             await self.drain_hook(name, self.drain_timeout_s)
         try:
