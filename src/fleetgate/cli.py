@@ -63,6 +63,11 @@ def _load(config: Path | None, *, serving: bool = True, implied_models: tuple[st
     except ConfigError as exc:
         typer.echo(f"invalid config: {config}\n{exc}", err=True)
         raise typer.Exit(2) from exc
+    from fleetgate.control import local_section_warning
+
+    warning = local_section_warning(cfg, implied_models[0] if implied_models else "fleetgate-sim")
+    if warning is not None:
+        typer.echo(warning, err=True)
     return cfg
 
 
@@ -94,12 +99,14 @@ def serve(config: Annotated[Path, typer.Option("--config", "-c", help="YAML conf
 
 @app.command()
 def up(
-    replicas: Annotated[int, typer.Option(help="Simulated engine replicas to start.")] = 2,
+    replicas: Annotated[
+        int | None, typer.Option(help="Local replicas to start (default: the config's, else 2).")
+    ] = None,
     port: Annotated[int, typer.Option(help="Gateway port.")] = 8080,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Optional YAML config.")] = None,
     model: Annotated[str, typer.Option(help="Model name the local replicas serve.")] = "fleetgate-sim",
 ) -> None:
-    """Start the embedded default: local simulated engine replicas plus the gateway in front of them."""
+    """Start the embedded default: `serve` with the model on local (simulated) engine replicas."""
     from fleetgate.config import ConfigError
     from fleetgate.runtime import run_up
 

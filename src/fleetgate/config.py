@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fleetgate.config_control import ProviderConfig, Remediation, StaticProviderConfig
 from fleetgate.core.autoscale.registry import AutoscalerConfig
 from fleetgate.core.plugins import PluginParams, tagged_union
 from fleetgate.core.routing.registry import POLICIES
@@ -156,6 +157,31 @@ class DeploymentConfig(_Strict):
         "engine may report for a request (more is counted as an anomaly and not charged).",
     )
     failover: FailoverConfig = Field(default_factory=FailoverConfig)
+    provider: ProviderConfig = Field(
+        default_factory=StaticProviderConfig,
+        description="Where the replicas come from: `{kind: static}` (the `replicas` list), `{kind: local, "
+        "...}` (processes on this machine) or `{kind: kubernetes, ...}`; sections below.",
+    )
+    autoscaler: AutoscalerConfig | None = Field(
+        default=None,
+        description="Scale the provider's replicas: `{policy: fleetgate, min_replicas: 1, max_replicas: 16}` "
+        "(or `kpa`, `static`; typed parameters below); none (null): keep the count fixed.",
+    )
+    demand_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Window of the demand meter the autoscaler reads (MU settled over it, per minute).",
+    )
+    remediation: Remediation | None = Field(
+        default=None,
+        description="What happens to a hung or crashed replica besides leaving routing: `restart` (local), "
+        "`delete_pod` (kubernetes) or `none`. Default: the provider's (static: none).",
+    )
+
+    @field_validator("autoscaler", mode="before")
+    @classmethod
+    def _no_autoscaler(cls, value: Any) -> Any:
+        return None if value == "none" else value
 
     @model_validator(mode="after")
     def _unique_replicas(self) -> DeploymentConfig:
@@ -246,7 +272,7 @@ class GatewayConfig(_Strict):
     health_checks: bool = Field(
         default=True,
         description="Black-box probes and hang detection of the replicas (fleetgate.health): hung or "
-        "crashed replicas leave routing at once (and are restarted under `fleetgate up`). Probes are "
+        "crashed replicas leave routing at once (and are restarted where `remediation` says so). Probes are "
         "minimal /v1/completions requests; turn off for engines that do not serve that endpoint.",
     )
 
@@ -371,7 +397,8 @@ class AdmissionConfig(_Strict):
 
 
 class LocalConfig(_Strict):
-    """`fleetgate up`: how the local engine replicas are started (the embedded default)."""
+    """Deprecated (read by `fleetgate up` for one release): write the deployment's `provider: {kind: local,
+    ...}` and `autoscaler:` instead (the same keys)."""
 
     engine_args: list[str] = Field(
         default_factory=list,
@@ -530,7 +557,9 @@ class FleetgateConfig(_Strict):
         description="GPU pools; reservations on their deployments may not oversell them.",
     )
     deployments: list[DeploymentConfig] = Field(default_factory=list)
-    local: LocalConfig = Field(default_factory=LocalConfig, description="`fleetgate up` replicas.")
+    local: LocalConfig = Field(
+        default_factory=LocalConfig, description="Deprecated: `deployments[].provider` with `kind: local`."
+    )
     tenants: list[TenantConfig] = Field(default_factory=list, description="Tenants (none: no auth).")
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     multimodal: MultimodalConfig = Field(default_factory=MultimodalConfig)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # config.parse_config calls in here: no runtime import back
-    from fleetgate.config import FleetgateConfig
+    from fleetgate.config import DeploymentConfig, FleetgateConfig
 
 _STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -53,12 +53,38 @@ def config_problems(cfg: FleetgateConfig) -> list[str]:
                 problems.append(f"deployments.{i}.cost_profile: {exc}")
         if dep.upstream_api_key and dep.upstream_api_key_file:
             problems.append(f"deployments.{i}.upstream_api_key_file: set either it or upstream_api_key")
+        problems += control_problems(f"deployments.{i}", dep)
     problems += pool_problems(cfg)
     store = cfg.admission.store
     if store.kind == "redis" and not store.url.startswith(_STORE_SCHEMES):
         scheme = store.url.split("://", 1)[0] if "://" in store.url else store.url
         problems.append(
             f"admission.store.url: unsupported scheme {scheme!r} (use {', '.join(_STORE_SCHEMES)})"
+        )
+    return problems
+
+
+def control_problems(where: str, dep: DeploymentConfig) -> list[str]:
+    """Wrong combinations of a deployment's provider, autoscaler and remediation, one line each."""
+    from fleetgate.config_control import REMEDIATION_NEEDS
+
+    kind = dep.provider.kind
+    problems: list[str] = []
+    needs = REMEDIATION_NEEDS.get(dep.remediation or "none")
+    if needs is not None and needs != kind:
+        problems.append(
+            f"{where}.remediation: {dep.remediation} needs `provider: {{kind: {needs}}}` (this provider is "
+            f"{kind}); use `remediation: none`"
+        )
+    if dep.autoscaler is not None and kind == "static":
+        problems.append(
+            f"{where}.autoscaler: a static replica list cannot be scaled; set `provider: {{kind: local}}` "
+            "or `{kind: kubernetes, ...}`, or drop `autoscaler`"
+        )
+    if dep.replicas and kind != "static":
+        problems.append(
+            f"{where}.replicas: the {kind} provider finds its own replicas; drop the list "
+            f"(`provider.replicas` is the local count)"
         )
     return problems
 

@@ -13,14 +13,15 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from fleetgate.autoscaler import AutoscalerLoop, provider_counts
-from fleetgate.config import ConfigError, DeploymentConfig, FleetgateConfig, ReplicaConfig
-from fleetgate.core.autoscale import ReportingAutoscaler, autoscaler_from
+from fleetgate.config import ConfigError, FleetgateConfig
+from fleetgate.control import SIM_COST_PROFILE, ProviderFactory, control_plane, up_config, with_local_defaults
+from fleetgate.core.autoscale import ReportingAutoscaler
 from fleetgate.core.engine_rates import EngineRateLearner
 from fleetgate.core.health import HealthPolicy, Transition
 from fleetgate.core.lifecycle import LifecycleObserver, SortedOutputHistory
@@ -41,8 +42,8 @@ from fleetgate.gateway.server import GatewayServer
 from fleetgate.health.families import HealthFamilies
 from fleetgate.health.monitor import HealthMonitor, Remediator
 from fleetgate.ops.web import Ops
-from fleetgate.providers.base import ChangeListener, DrainHook, ReplicaInfo, ReplicaProvider
-from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
+from fleetgate.providers.base import ReplicaInfo, ReplicaProvider
+from fleetgate.providers.local import LocalProcessProvider
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -51,8 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fleetgate")
 
-#: cost profile of ``fleetgate up``'s simulated replicas (src/fleetgate/profiles/fleetgate-sim.json)
-SIM_COST_PROFILE = "fleetgate-sim"
+__all__ = ["SIM_COST_PROFILE", "Gateway", "ProviderFactory", "build_gateway", "serve", "up"]
 
 
 def build_admission(cfg: FleetgateConfig, registry: CollectorRegistry | None = None) -> Admission:
@@ -109,11 +109,6 @@ def attach_images(
     if prestart:
         app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
-
-
-#: Builds one deployment's replica provider, given the callbacks the gateway wants it to call: the new replica
-#: list after every change, and "drain this replica" before it stops one.
-ProviderFactory = Callable[[ChangeListener, DrainHook], ReplicaProvider]
 
 
 class Gateway:
@@ -176,6 +171,7 @@ def build_gateway(
     autoscalers: Mapping[str, ReportingAutoscaler] | None = None,
     autoscale_interval_s: float = 1.0,
     observers: Sequence[LifecycleObserver] = (),
+    remediate: Collection[str] | None = None,
 ) -> Gateway:
     """Every gateway object, wired: fleet, upstream client, metrics, admission, health monitors, replica
     providers, autoscaler loops, ops, proxy, app, scraper.
@@ -183,7 +179,8 @@ def build_gateway(
     ``health``: black-box health checking of every deployment (``serve`` and ``up`` pass
     ``gateway.health_checks``). ``providers[model]`` builds the replica provider of a deployment whose
     replicas the gateway manages (``up``: local processes); with health on, it also restarts that
-    deployment's hung or crashed replicas. ``autoscalers[model]`` scales such a deployment through it.
+    deployment's hung or crashed replicas (``remediate``: the models whose provider does; default: every
+    one with a provider). ``autoscalers[model]`` scales such a deployment through it.
     ``observers`` see every request's dispatch, first token and completion (``core.lifecycle``).
     """
     gw = cfg.gateway
@@ -235,7 +232,8 @@ def build_gateway(
 
         built[model] = factory(changed, drain)
     if health:
-        monitors.update(_health_monitors(fleet, metrics.registry, built))
+        remediators = {m: p for m, p in built.items() if remediate is None or m in remediate}
+        monitors.update(_health_monitors(fleet, metrics.registry, remediators))
 
     loops = {
         model: _autoscaler_loop(
@@ -496,16 +494,45 @@ def _print_metrics_address(server: GatewayServer) -> None:
         )
 
 
-async def serve(cfg: FleetgateConfig) -> None:
-    """Run the gateway until SIGTERM/SIGINT, then drain and stop."""
-    # static replicas: health detection and routing only, no restarts
-    server = build_gateway(cfg, health=cfg.gateway.health_checks)
-    url = await _listen(server.server, None)
-    print(f"fleetgate ready on {url}", flush=True)
-    _print_metrics_address(server.server)
-    sig = await _wait_for_signal()
-    log.info("signal %d: draining (grace %.0f s)", sig, cfg.gateway.shutdown_grace_s)
-    await server.stop()
+async def serve(cfg: FleetgateConfig, *, port: int | None = None, try_model: str | None = None) -> None:
+    """Run the gateway with the control plane its config asks for (``deployments[*].provider``,
+    ``autoscaler``, ``remediation``) until SIGTERM/SIGINT, then drain, stop and stop every local replica.
+
+    Deployments with a local provider get their replicas started before the gateway listens; a static
+    list is only routed to (its hung replicas leave routing, nothing restarts them).
+    """
+    cfg = with_local_defaults(cfg)
+    plane = control_plane(cfg)
+    gateway = build_gateway(
+        cfg,
+        health=cfg.gateway.health_checks,
+        providers=plane.providers,
+        autoscalers=plane.autoscalers,
+        remediate=plane.remediate,
+    )
+    started = False
+    try:
+        for model, count in plane.initial.items():
+            for info in await gateway.providers[model].scale_to(count):  # each change re-syncs
+                print(f"replica {info.name} {info.url}", flush=True)
+        url = await _listen(gateway.server, port)
+        started = True
+        print(f"fleetgate ready on {url}", flush=True)
+        _print_metrics_address(gateway.server)
+        if try_model is not None:
+            print(
+                f"try: curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
+                f'-d \'{{"model": "{try_model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'',
+                flush=True,
+            )
+        sig = await _wait_for_signal()
+        log.info("signal %d: draining (grace %.0f s)", sig, cfg.gateway.shutdown_grace_s)
+    finally:
+        if started:
+            await gateway.stop()
+        for provider in gateway.providers.values():
+            if isinstance(provider, LocalProcessProvider):
+                await provider.stop_all()
 
 
 def run_serve(cfg: FleetgateConfig) -> None:
@@ -516,76 +543,13 @@ def run_serve(cfg: FleetgateConfig) -> None:
     _run(serve(cfg))
 
 
-def _up_config(cfg: FleetgateConfig, model: str, infos: Sequence[ReplicaInfo] = ()) -> FleetgateConfig:
-    """The config with ``model``'s deployment served by local replicas (its other settings kept); the
-    provider adds them as they start (``infos``: ones already known)."""
-    replicas = [ReplicaConfig(name=i.name, url=i.url) for i in infos]
-    update: dict[str, Any] = {"replicas": replicas}
-    existing = cfg.deployment(model)
-    if cfg.local.command is None and (existing is None or existing.cost_profile is None):
-        update["cost_profile"] = SIM_COST_PROFILE  # fitted to the simulated engine's default perf model
-    if cfg.local.command is None and (existing is None or existing.engine is None):
-        update["engine"] = "sim"  # its dialect: vLLM's metric names, always takes a priority
-    if existing is not None:
-        deployment = existing.model_copy(update=update)
-    else:
-        deployment = DeploymentConfig(model=model, **update)
-    others = [d for d in cfg.deployments if d.model != model]
-    return cfg.model_copy(update={"deployments": [*others, deployment]})
-
-
-async def up(cfg: FleetgateConfig, *, replicas: int, port: int, model: str) -> None:
-    """The embedded default: ``replicas`` local simulated engines plus the gateway, until a signal."""
-    local = cfg.local
-    command = local.command if local.command is not None else sim_engine_command(local.engine_args)
-    existing = cfg.deployment(model)
-    engine = dialect("sim" if local.command is None else existing.engine if existing is not None else None)
-
-    def local_replicas(on_change: ChangeListener, drain_hook: DrainHook) -> LocalProcessProvider:
-        return LocalProcessProvider(
-            model=model,
-            command=command,
-            url_from_output=local.command is None,
-            ready_timeout_s=local.ready_timeout_s,
-            stop_timeout_s=local.stop_timeout_s,
-            health_path=engine.health_path,
-            on_change=on_change,
-            drain_hook=drain_hook,
-        )
-
-    full = _up_config(cfg, model)
-    gateway = build_gateway(
-        full,
-        health=full.gateway.health_checks,  # local replicas: hung or crashed ones are restarted
-        providers={model: local_replicas},
-        autoscalers={model: autoscaler_from(local.autoscaler)} if local.autoscaler is not None else None,
-    )
-    provider = gateway.providers[model]
-    started = False
-    try:
-        infos = await provider.scale_to(replicas)  # each change re-syncs the deployment
-        for info in infos:
-            print(f"replica {info.name} {info.url}", flush=True)
-        url = await _listen(gateway.server, port)
-        started = True
-        print(f"fleetgate ready on {url}", flush=True)
-        _print_metrics_address(gateway.server)
-        print(
-            f"try: curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
-            f'-d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'',
-            flush=True,
-        )
-        sig = await _wait_for_signal()
-        log.info("signal %d: stopping gateway and %d replica(s)", sig, len(infos))
-    finally:
-        if started:
-            await gateway.stop()
-        if isinstance(provider, LocalProcessProvider):
-            await provider.stop_all()
+async def up(cfg: FleetgateConfig, *, replicas: int | None, port: int, model: str) -> None:
+    """The embedded default: ``serve`` with ``model`` on local (simulated, by default) replicas."""
+    await serve(up_config(cfg, model, replicas), port=port, try_model=model)
 
 
 def run_up(
-    cfg: FleetgateConfig, *, replicas: int = 2, port: int = 8080, model: str = "fleetgate-sim"
+    cfg: FleetgateConfig, *, replicas: int | None = None, port: int = 8080, model: str = "fleetgate-sim"
 ) -> None:
     """``fleetgate up``."""
     from fleetgate.ops.logging import setup_logging

@@ -14,11 +14,12 @@ import pytest
 import yaml
 
 from fleetgate.config import DeploymentConfig, FleetgateConfig, GatewayConfig, load_config
+from fleetgate.control import up_config
 from fleetgate.core.units import DEFAULT_PROFILE
 from fleetgate.gateway.fleet import build_deployment
 from fleetgate.profiles import load_profile
 from fleetgate.providers.base import ReplicaInfo
-from fleetgate.runtime import SIM_COST_PROFILE, _up_config, build_gateway
+from fleetgate.runtime import SIM_COST_PROFILE, build_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "fix-model"
@@ -181,7 +182,7 @@ def test_sigterm_never_resets_keepalive_requests(start_engine: Any, start_gatewa
 
 def test_up_uses_the_simulated_engine_cost_profile() -> None:
     infos = [ReplicaInfo(name=f"r{i}", url=f"http://127.0.0.1:{9000 + i}") for i in range(2)]
-    cfg = _up_config(FleetgateConfig(), "fleetgate-sim", infos)
+    cfg = up_config(FleetgateConfig(), "fleetgate-sim", len(infos))
     deployment = cfg.deployment("fleetgate-sim")
     assert deployment is not None and deployment.cost_profile == SIM_COST_PROFILE
     assert build_deployment(deployment).profile.name == "fleetgate-sim"
@@ -189,7 +190,7 @@ def test_up_uses_the_simulated_engine_cost_profile() -> None:
     own = FleetgateConfig.model_validate(
         {"deployments": [{"model": "fleetgate-sim", "cost_profile": "llama2-70b-a100"}]}
     )
-    kept = _up_config(own, "fleetgate-sim", infos).deployment("fleetgate-sim")
+    kept = up_config(own, "fleetgate-sim", len(infos)).deployment("fleetgate-sim")
     assert kept is not None and kept.cost_profile == "llama2-70b-a100"
     # the simulated profile is far cheaper than the generic default for the same request
     sim = load_profile(SIM_COST_PROFILE)
@@ -199,7 +200,7 @@ def test_up_uses_the_simulated_engine_cost_profile() -> None:
 def test_example_tenants_reserve_half_the_embedded_fleet() -> None:
     cfg = load_config(ROOT / "examples" / "tenants.yaml")
     infos = [ReplicaInfo(name=f"r{i}", url=f"http://127.0.0.1:{9000 + i}") for i in range(2)]
-    full = _up_config(cfg, "fleetgate-sim", infos)
+    full = up_config(cfg, "fleetgate-sim", len(infos))
     deployment = full.deployment("fleetgate-sim")
     assert deployment is not None and deployment.cost_profile == SIM_COST_PROFILE
     fleet_capacity = deployment.capacity_mu_per_min * len(infos)

@@ -85,11 +85,10 @@ def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
     if chromium is None:
         pytest.skip("headless Chromium not installed: `apt-get install chromium` (make test does this)")
     config = yaml.safe_load((ROOT / "examples" / "tenants.yaml").read_text())
-    config["local"] = {  # the example fleet, engines 5x faster, with an autoscaler for the chart
-        "engine_args": ["--time-scale", "0.2"],
-        "autoscaler": "fleetgate",
-        "autoscaler_params": {"min_replicas": 2, "max_replicas": 3},
-    }
+    # the example fleet, engines 5x faster, with an autoscaler for the chart
+    (deployment,) = config["deployments"]
+    deployment["provider"]["engine_args"] = ["--time-scale", "0.2"]
+    deployment["autoscaler"] = {"policy": "fleetgate", "min_replicas": 2, "max_replicas": 3}
     path = tmp_path / "tenants.yaml"
     path.write_text(yaml.safe_dump(config))
     port = _free_port()

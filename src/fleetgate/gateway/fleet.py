@@ -121,7 +121,7 @@ class Deployment:
             profile,
             snapshots=self.snapshots,
             history=history,
-            demand=DemandMeter(),
+            demand=DemandMeter(window_s=config.demand_window_s),
             observers=(*observers, self.rates),
         )
         #: ``gateway.gate.GateShell`` driving the lifecycle's dispatch gate (made by the proxy on first use)

@@ -1,0 +1,146 @@
+"""The control plane a config asks for, per deployment: its replica provider (as a factory the composition
+root hands the gateway's callbacks), its autoscaler and whether the prober remediates through the provider.
+
+``fleetgate serve`` builds all of it from ``deployments[*].provider / autoscaler / remediation``;
+``fleetgate up`` is ``serve`` after :func:`up_config` made its deployment a local one (the embedded default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from fleetgate.config import ConfigError, DeploymentConfig, FleetgateConfig
+from fleetgate.config_control import DEFAULT_REMEDIATION, LocalProviderConfig
+from fleetgate.core.autoscale import ReportingAutoscaler, autoscaler_from
+from fleetgate.engines.dialects import dialect
+from fleetgate.providers.base import ChangeListener, DrainHook, ReplicaProvider
+from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
+
+#: cost profile of the simulated engine replicas (src/fleetgate/profiles/fleetgate-sim.json)
+SIM_COST_PROFILE = "fleetgate-sim"
+
+#: Builds one deployment's replica provider, given the callbacks the gateway wants it to call: the new replica
+#: list after every change, and "drain this replica" before it stops one.
+ProviderFactory = Callable[[ChangeListener, DrainHook], ReplicaProvider]
+
+
+@dataclass(slots=True)
+class ControlPlane:
+    """What ``build_gateway`` is given for the deployments whose replicas the gateway manages."""
+
+    providers: dict[str, ProviderFactory] = field(default_factory=dict)
+    autoscalers: dict[str, ReportingAutoscaler] = field(default_factory=dict)
+    remediate: set[str] = field(default_factory=set)
+    #: replicas each provider is asked for before the gateway listens
+    initial: dict[str, int] = field(default_factory=dict)
+
+
+def remediation(dep: DeploymentConfig) -> str:
+    """The deployment's remediation: as written, else its provider kind's default."""
+    return dep.remediation or DEFAULT_REMEDIATION[dep.provider.kind]
+
+
+def with_local_defaults(cfg: FleetgateConfig) -> FleetgateConfig:
+    """Deployments on the default simulated engine get its dialect and cost profile unless they set them."""
+    deployments = []
+    for dep in cfg.deployments:
+        update: dict[str, Any] = {}
+        if isinstance(dep.provider, LocalProviderConfig) and dep.provider.command is None:
+            if dep.engine is None:
+                update["engine"] = "sim"  # vLLM's metric names, always takes a priority
+            if dep.cost_profile is None:
+                update["cost_profile"] = SIM_COST_PROFILE  # fitted to its default perf model
+        deployments.append(dep.model_copy(update=update) if update else dep)
+    return cfg.model_copy(update={"deployments": deployments})
+
+
+def _local_factory(model: str, dep: DeploymentConfig, local: LocalProviderConfig) -> ProviderFactory:
+    default = local.command is None
+    command = sim_engine_command(local.engine_args) if local.command is None else local.command
+    health_path = dialect(dep.engine).health_path
+
+    def build(on_change: ChangeListener, drain_hook: DrainHook) -> ReplicaProvider:
+        return LocalProcessProvider(
+            model=dep.upstream_model or model,
+            command=command,
+            url_from_output=default,
+            ready_timeout_s=local.ready_timeout_s,
+            stop_timeout_s=local.stop_timeout_s,
+            health_path=health_path,
+            on_change=on_change,
+            drain_hook=drain_hook,
+        )
+
+    return build
+
+
+def control_plane(cfg: FleetgateConfig) -> ControlPlane:
+    """Providers, autoscalers and remediation of every deployment (config already validated)."""
+    plane = ControlPlane()
+    for i, dep in enumerate(cfg.deployments):
+        provider = dep.provider
+        if provider.kind == "static":
+            continue
+        if not isinstance(provider, LocalProviderConfig):
+            raise ConfigError(
+                f"deployments.{i}.provider: kind {provider.kind} is validated but `fleetgate serve` does not "
+                "run it yet (issue 17 item 2); list the replicas with `kind: static` for now"
+            )
+        plane.providers[dep.model] = _local_factory(dep.model, dep, provider)
+        plane.initial[dep.model] = provider.replicas
+        if dep.autoscaler is not None:
+            plane.autoscalers[dep.model] = autoscaler_from(dep.autoscaler)
+        if remediation(dep) != "none":
+            plane.remediate.add(dep.model)
+    return plane
+
+
+def up_config(cfg: FleetgateConfig, model: str, replicas: int | None = None) -> FleetgateConfig:
+    """``fleetgate up``'s config: ``model`` served by local replicas (``replicas`` of them when given), its
+    other settings kept; the deprecated top-level ``local:`` section still fills its provider in."""
+    existing = cfg.deployment(model) or DeploymentConfig(model=model)
+    update: dict[str, Any] = {}
+    if isinstance(existing.provider, LocalProviderConfig):
+        provider = existing.provider
+    else:
+        local = cfg.local
+        provider = LocalProviderConfig(
+            command=local.command,
+            engine_args=local.engine_args,
+            ready_timeout_s=local.ready_timeout_s,
+            stop_timeout_s=local.stop_timeout_s,
+        )
+        update["replicas"] = []
+        if existing.autoscaler is None and local.autoscaler is not None:
+            update["autoscaler"] = local.autoscaler
+        if existing.remediation is not None and existing.remediation != "restart":
+            update["remediation"] = None  # the static/kubernetes choice does not apply to local processes
+    if replicas is not None:
+        provider = provider.model_copy(update={"replicas": replicas})
+    update["provider"] = provider
+    deployment = existing.model_copy(update=update)
+    others = [d for d in cfg.deployments if d.model != model]
+    return with_local_defaults(cfg.model_copy(update={"deployments": [*others, deployment]}))
+
+
+def local_section_warning(cfg: FleetgateConfig, model: str = "fleetgate-sim") -> str | None:
+    """One line saying what to write instead of the deprecated top-level ``local:`` section (or None)."""
+    if "local" not in cfg.model_fields_set:
+        return None
+    local = cfg.local
+    written = local.model_fields_set & {"command", "engine_args", "ready_timeout_s", "stop_timeout_s"}
+    provider: dict[str, Any] = {"kind": "local", **local.model_dump(mode="json", include=written)}
+    dep: dict[str, Any] = {"model": model, "provider": provider}
+    if local.autoscaler is not None:
+        dep["autoscaler"] = local.autoscaler.model_dump(mode="json", exclude_defaults=True) | {
+            "policy": local.autoscaler.policy
+        }
+    flow = yaml.safe_dump({"deployments": [dep]}, default_flow_style=True, width=10_000).strip()
+    return (
+        "config: the top-level `local:` section is deprecated (read by `fleetgate up` for one release); "
+        f"write {flow} instead"
+    )
