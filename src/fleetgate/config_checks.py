@@ -128,12 +128,12 @@ def serve_problems(cfg: FleetgateConfig, implied_models: tuple[str, ...] = ()) -
     return problems
 
 
-def reservation_target_utilisation(cfg: FleetgateConfig) -> float:
-    """The utilisation reservations are backed at: the configured fleetgate autoscaler's target, else its
-    default."""
+def reservation_target_utilisation(cfg: FleetgateConfig, dep: DeploymentConfig | None = None) -> float:
+    """The utilisation reservations are backed at: the deployment's (else the deprecated ``local:``
+    section's) fleetgate autoscaler target, else its default."""
     from fleetgate.core.autoscale.fleetgate import AutoscalePolicy
 
-    scaler = cfg.local.autoscaler
+    scaler = dep.autoscaler if dep is not None and dep.autoscaler is not None else cfg.local.autoscaler
     return (scaler if isinstance(scaler, AutoscalePolicy) else AutoscalePolicy()).target_utilisation
 
 
@@ -153,10 +153,10 @@ def pool_problems(cfg: FleetgateConfig) -> list[str]:
     for tenant in cfg.tenants:
         for model, mu in tenant.reserved_mu_per_min.items():
             sold[model] = sold.get(model, 0.0) + mu
-    target = reservation_target_utilisation(cfg)
     need_gpus = [0] * len(cfg.pools)
     exact_gpus = [0.0] * len(cfg.pools)
     sold_mu = [0.0] * len(cfg.pools)
+    targets: list[set[float]] = [set() for _ in cfg.pools]
     for i, dep in enumerate(cfg.deployments):
         if dep.pool is None:
             continue
@@ -170,6 +170,8 @@ def pool_problems(cfg: FleetgateConfig) -> list[str]:
                 f"{dep.pool!r} ({cfg.pools[k].gpus} GPUs)"
             )
         mu = sold.get(dep.model, 0.0)
+        target = reservation_target_utilisation(cfg, dep)
+        targets[k].add(target)
         need_gpus[k] += floor_replicas(mu, dep.capacity_mu_per_min, target) * dep.gpus_per_replica
         exact_gpus[k] += mu * dep.gpus_per_replica / (dep.capacity_mu_per_min * target)
         sold_mu[k] += mu
@@ -177,9 +179,10 @@ def pool_problems(cfg: FleetgateConfig) -> list[str]:
         if need_gpus[k] <= pool.gpus:
             continue
         over_mu = max(0.0, sold_mu[k] * (1.0 - pool.gpus / exact_gpus[k]))
+        at = "/".join(f"{t:g}" for t in sorted(targets[k]))
         problems.append(
             f"pools.{k}: pool {pool.name!r} is oversold: the reservations on its deployments "
-            f"({sold_mu[k]:g} MU/min) need {need_gpus[k]} GPUs at target utilisation {target:g}, it has "
+            f"({sold_mu[k]:g} MU/min) need {need_gpus[k]} GPUs at target utilisation {at}, it has "
             f"{pool.gpus}: short by {need_gpus[k] - pool.gpus} GPUs and {over_mu:.1f} MU/min"
         )
     return problems

@@ -55,6 +55,15 @@ def test_the_target_utilisation_is_the_configured_autoscalers() -> None:
     parse_config(_cfg(14, {"chat": 700.0, "code": 200.0}, local=local))  # 8 + 2 x 2 = 12 GPUs at 100 %
     with pytest.raises(ConfigError, match="need 12 GPUs at target utilisation 1, it has 11: short by 1 GPUs"):
         parse_config(_cfg(11, {"chat": 700.0, "code": 200.0}, local=local))
+    # the deployment's own autoscaler (its provider must be able to scale), here on "chat" only
+    own = _cfg(14, {"chat": 700.0, "code": 200.0})
+    chat = own["deployments"][0]  # type: ignore[index]
+    del chat["replicas"]
+    chat.update(provider={"kind": "local"}, autoscaler={"policy": "fleetgate", "target_utilisation": 1.0})
+    parse_config(own)  # chat 8 + code 3 x 2 = 14 GPUs
+    own["pools"] = [{"name": "h100", "gpus": 13}]
+    with pytest.raises(ConfigError, match=r"need 14 GPUs at target utilisation 0\.7/1, it has 13"):
+        parse_config(own)
 
 
 def test_unknown_and_duplicate_pools_and_replicas_too_large_are_each_reported() -> None:
