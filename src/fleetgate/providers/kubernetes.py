@@ -1,4 +1,4 @@
-"""Kubernetes replica provider, spoken directly to the API server with aiohttp (no client library).
+"""Kubernetes replica provider on the maintained client (``kubernetes_asyncio``'s ``ApiClient``).
 
 * scale: the Deployment's ``scale`` subresource (``GET``/``PATCH
   /apis/apps/v1/namespaces/{ns}/deployments/{name}/scale``, body ``autoscaling/v1 Scale``; the patch is a JSON
@@ -18,10 +18,10 @@ RBAC needed: ``deployments/scale`` get+patch, ``endpointslices`` list+watch, ``p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 import aiohttp
 import orjson
+from kubernetes_asyncio import client as k8s_client
 
 from fleetgate.providers.base import ReplicaCounts
 
@@ -51,6 +52,11 @@ class KubernetesError(Exception):
         self.status = status
         self.reason = reason
         self.retry_after_s = retry_after_s
+
+
+def _set_token(cfg: k8s_client.Configuration, token: str | None) -> None:
+    cfg.api_key["BearerToken"] = token or ""
+    cfg.api_key_prefix["BearerToken"] = "Bearer"
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -161,36 +167,55 @@ def parse_endpoint_slices(
 
 
 class KubernetesProvider:
-    """Scales one Deployment and discovers its pods through the Service's EndpointSlices."""
+    """Scales one Deployment and discovers its pods through the Service's EndpointSlices.
+
+    Requests go through the maintained client, ``kubernetes_asyncio`` (its ``ApiClient``: authentication,
+    token refresh hooks, TLS, kubeconfig-built configurations); responses are read as JSON and parsed here,
+    so the watch loop sees the API server's own events and statuses.
+    """
 
     def __init__(
         self,
         *,
-        api_base: str,
+        api_base: str | None = None,
         namespace: str,
         deployment: str,
         service: str,
         port_name: str | int | None = None,
         token: str | Callable[[], str | None] | None = None,
-        ssl_context: ssl.SSLContext | bool | None = None,
-        session: aiohttp.ClientSession | None = None,
+        ca_file: str | Path | None = None,
+        verify_tls: bool = True,
+        configuration: k8s_client.Configuration | None = None,
         request_timeout_s: float = 10.0,
         scheme: str = "http",
         delete_grace_period_s: int | None = None,
     ) -> None:
-        self.api_base = api_base.rstrip("/")
+        """``configuration`` (e.g. from a kubeconfig) wins; else ``api_base`` with ``token`` (a string or a
+        callable re-read before each request) and ``ca_file`` (PEM bundle) / ``verify_tls``."""
+        if configuration is None:
+            if api_base is None:
+                raise ValueError("KubernetesProvider needs api_base or a client configuration")
+            configuration = k8s_client.Configuration(host=api_base.rstrip("/"))
+            if callable(token):
+                read = token
+                # the client asks the hook before each request, but only once a key is present
+                _set_token(configuration, "")
+                configuration.refresh_api_key_hook = lambda cfg: _set_token(cfg, read())
+            elif token:
+                _set_token(configuration, token)
+            if ca_file is not None:
+                configuration.ssl_ca_cert = str(ca_file)
+            configuration.verify_ssl = verify_tls
+        self.configuration = configuration
+        self.api_base = str(configuration.host).rstrip("/")
         self.namespace = namespace
         self.deployment = deployment
         self.service = service
         self.port_name = port_name
-        self._token = token
-        self._ssl = ssl_context
-        self._session = session
-        self._own_session = session is None
         self.request_timeout_s = request_timeout_s
         self.scheme = scheme
         self.delete_grace_period_s = delete_grace_period_s
-        self._pending_scale: int | None = None
+        self._client: k8s_client.ApiClient | None = None
 
     @classmethod
     def in_cluster(
@@ -211,7 +236,6 @@ class KubernetesProvider:
         if not host:
             raise RuntimeError("not running in a Kubernetes pod: KUBERNETES_SERVICE_HOST is not set")
         ns = namespace or (sa_dir / "namespace").read_text().strip()
-        ctx = ssl.create_default_context(cafile=str(sa_dir / "ca.crt"))
         token_file = sa_dir / "token"
         cache: dict[str, Any] = {"at": -1e18, "token": None}
 
@@ -231,32 +255,58 @@ class KubernetesProvider:
             service=service,
             port_name=port_name,
             token=token,
-            ssl_context=ctx,
+            ca_file=sa_dir / "ca.crt",
             **kwargs,
         )
 
     # -- HTTP ----------------------------------------------------------------------------------------------
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
-            self._own_session = True
-        return self._session
+    def api_client(self) -> k8s_client.ApiClient:
+        if self._client is None:
+            self._client = k8s_client.ApiClient(self.configuration)
+        return self._client
 
     async def close(self) -> None:
-        if self._own_session and self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
+        if self._client is not None:
+            await self._client.close()
+        self._client = None
 
-    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+    async def _response(self, method: str, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        """One call through the client's ``call_api`` (auth settings applied), the raw response back."""
         headers = {"Accept": "application/json"}
-        tok = self._token() if callable(self._token) else self._token
-        if tok:
-            headers["Authorization"] = f"Bearer {tok}"
-        if content_type:
-            headers["Content-Type"] = content_type
-        return headers
+        ctype = kwargs.pop("content_type", None)
+        if ctype:
+            headers["Content-Type"] = ctype
+        resp: aiohttp.ClientResponse = await self.api_client.call_api(
+            path,
+            method,
+            query_params=list((kwargs.pop("params", None) or {}).items()),
+            header_params=headers,
+            body=kwargs.pop("body", None),
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=kwargs.pop("timeout", None),
+        )
+        return resp
+
+    @staticmethod
+    async def _raise_for_status(method: str, path: str, resp: aiohttp.ClientResponse) -> bytes:
+        raw = await resp.read()
+        if resp.status >= 400:
+            reason, message = "", raw.decode(errors="replace")[:300]
+            try:
+                st = orjson.loads(raw)
+                reason, message = st.get("reason", ""), st.get("message", message)
+            except (orjson.JSONDecodeError, AttributeError):
+                pass
+            raise KubernetesError(
+                f"{method} {path}: HTTP {resp.status} {reason}: {message}",
+                status=resp.status,
+                reason=reason,
+                retry_after_s=retry_after_seconds(resp.headers.get("Retry-After")),
+            )
+        return raw
 
     async def _request(
         self,
@@ -267,48 +317,31 @@ class KubernetesProvider:
         body: Any = None,
         content_type: str | None = None,
     ) -> Any:
-        data = orjson.dumps(body) if body is not None else None
-        ctype = content_type or ("application/json" if data is not None else None)
         async with asyncio.timeout(self.request_timeout_s):
-            async with self.session.request(
-                method,
-                self.api_base + path,
-                params=params,
-                data=data,
-                headers=self._headers(ctype),
-                ssl=self._ssl if self._ssl is not None else True,
-            ) as resp:
-                raw = await resp.read()
-                if resp.status >= 400:
-                    reason, message = "", raw.decode(errors="replace")[:300]
-                    try:
-                        st = orjson.loads(raw)
-                        reason, message = st.get("reason", ""), st.get("message", message)
-                    except (orjson.JSONDecodeError, AttributeError):
-                        pass
-                    raise KubernetesError(
-                        f"{method} {path}: HTTP {resp.status} {reason}: {message}",
-                        status=resp.status,
-                        reason=reason,
-                        retry_after_s=retry_after_seconds(resp.headers.get("Retry-After")),
-                    )
-                return orjson.loads(raw) if raw else None
+            resp = await self._response(method, path, params=params, body=body, content_type=content_type)
+            try:
+                raw = await self._raise_for_status(method, path, resp)
+            finally:
+                resp.release()
+        return orjson.loads(raw) if raw else None
 
-    def open_stream(self, path: str, *, params: Mapping[str, str], idle_timeout_s: float) -> Any:
+    @contextlib.asynccontextmanager
+    async def open_stream(
+        self, path: str, *, params: Mapping[str, str], idle_timeout_s: float
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         """``async with provider.open_stream(path, ...) as resp``: a long-lived GET (a watch).
 
         No total timeout (a watch lasts its ``timeoutSeconds``); silence longer than ``idle_timeout_s``
         fails the read, so a half-open connection is noticed.
         """
-        return self.session.get(
-            self.api_base + path,
-            params=params,
-            headers=self._headers(),
-            ssl=self._ssl if self._ssl is not None else True,
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=self.request_timeout_s, sock_read=idle_timeout_s
-            ),
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.request_timeout_s, sock_read=idle_timeout_s
         )
+        resp = await self._response("GET", path, params=params, timeout=timeout)
+        try:
+            yield resp
+        finally:
+            resp.close()
 
     async def list_slices(self) -> Any:
         """The Service's ``EndpointSliceList`` (with ``metadata.resourceVersion``, where a watch starts)."""
