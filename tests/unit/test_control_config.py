@@ -4,9 +4,13 @@ top-level ``local:`` section."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from fleetgate.cli import app
 from fleetgate.config import ConfigError, parse_config
 from fleetgate.config_control import KubernetesProviderConfig, LocalProviderConfig
 from fleetgate.control import SIM_COST_PROFILE, control_plane, local_section_warning, remediation, up_config
@@ -138,3 +142,27 @@ def test_the_local_section_still_works_and_says_what_to_write_instead() -> None:
     new = parse_config(suggested)
     assert up_config(new, "fleetgate-sim", 2).deployments[0] == dep
     assert local_section_warning(new) is None
+
+
+def test_validate_config_cli_accepts_the_keys_and_names_wrong_pairings(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    k8s = {"kind": "kubernetes", "namespace": "llm", "deployment": "d", "service": "s", "port": "http"}
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "deployments": [
+                    {"model": "a", "provider": k8s, "autoscaler": SCALER, "remediation": "delete_pod"},
+                    {"model": "b", "provider": {"kind": "local", "command": ["eng", "--port", "{port}"]}},
+                    STATIC,
+                ]
+            }
+        )
+    )
+    ok = CliRunner().invoke(app, ["validate-config", str(path)])
+    assert ok.exit_code == 0 and "ok: 3 deployment(s)" in ok.output, ok.output
+    path.write_text(yaml.safe_dump({"deployments": [{**STATIC, "remediation": "restart"}]}))
+    bad = CliRunner().invoke(app, ["validate-config", str(path)])
+    assert bad.exit_code == 2 and "deployments.0.remediation: restart needs" in bad.output, bad.output
+    path.write_text(yaml.safe_dump({**{"deployments": [STATIC]}, "local": {"engine_args": ["--x"]}}))
+    old = CliRunner().invoke(app, ["validate-config", str(path)])
+    assert old.exit_code == 0 and "the top-level `local:` section is deprecated" in old.output, old.output
