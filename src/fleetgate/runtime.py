@@ -42,7 +42,7 @@ from fleetgate.gateway.server import GatewayServer
 from fleetgate.health.families import HealthFamilies
 from fleetgate.health.monitor import HealthMonitor, Remediator
 from fleetgate.ops.web import Ops
-from fleetgate.providers.base import ReplicaInfo, ReplicaProvider
+from fleetgate.providers.base import ProviderError, ReplicaInfo, ReplicaProvider
 from fleetgate.providers.local import LocalProcessProvider
 
 if TYPE_CHECKING:
@@ -513,7 +513,12 @@ async def serve(cfg: FleetgateConfig, *, port: int | None = None, try_model: str
     started = False
     try:
         for model, count in plane.initial.items():
-            for info in await gateway.providers[model].scale_to(count):  # each change re-syncs
+            try:
+                infos = await gateway.providers[model].scale_to(count)  # each change re-syncs
+            except ProviderError as exc:
+                where = next(i for i, d in enumerate(cfg.deployments) if d.model == model)
+                raise ConfigError(f"deployments.{where}.provider: {exc}") from exc
+            for info in infos:
                 print(f"replica {info.name} {info.url}", flush=True)
         url = await _listen(gateway.server, port)
         started = True

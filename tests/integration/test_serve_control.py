@@ -231,3 +231,26 @@ async def test_serve_local_provider_restarts_a_hung_replica(tools: Any, tmp_path
         print(f"hang under serve: serving again after {restarted:.1f} s")
     finally:
         gw.kill()
+
+
+def test_serve_local_provider_that_cannot_start_is_one_line(tools: Any, tmp_path: Path) -> None:
+    """A replica command that exits at once: `serve` stops with one line naming the provider, exit 2, and
+    leaves no process behind."""
+    gw = _serve(
+        tools,
+        tmp_path,
+        {
+            "model": MODEL,
+            "provider": {
+                "kind": "local",
+                "command": [tools.PY, "-c", "raise SystemExit(3)", "{port}"],
+                "replicas": 1,
+            },
+        },
+    )
+    try:
+        assert gw.wait(60) == 2
+        line = gw.wait_line(r"fleetgate: cannot start:")
+        assert "deployments.0.provider:" in line and "Traceback" not in gw.output, gw.output[-2000:]
+    finally:
+        gw.kill()
