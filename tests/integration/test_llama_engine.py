@@ -231,22 +231,34 @@ def test_sigstop_freezes_replica_and_restart_recovers_it(replicas: list[EnginePr
     print(f"restart of a frozen llama-server took {healed_in:.2f} s")
 
 
-def test_gateway_in_front_of_two_llama_replicas(tmp_path: Path) -> None:
-    """`fleetgate up` with `local.command` = llama-server: the gateway starts two real replicas and proxies
-    OpenAI requests (plain and streamed) to them; stopping the gateway stops the replicas."""
+@pytest.mark.parametrize("entry", ["serve", "up"])
+def test_gateway_in_front_of_two_llama_replicas(tmp_path: Path, entry: str) -> None:
+    """`fleetgate serve` with `provider: {kind: local, command: <llama-server>}` (and `fleetgate up` with the
+    deprecated `local.command`): the gateway starts two real replicas and proxies OpenAI requests (plain and
+    streamed) to them; stopping the gateway stops the replicas."""
     need_llama()
-    cfg = {
-        "deployments": [{"model": MODEL, "routing": {"policy": "round_robin"}}],
-        "local": {"command": llama_command_template(parallel=2, ctx_size=2048), "ready_timeout_s": 60},
-    }
-    cfg_path = tmp_path / "fleet.json.yaml"
-    cfg_path.write_text(json.dumps(cfg))  # JSON is valid YAML
+    command = llama_command_template(parallel=2, ctx_size=2048)
     port = free_port()
+    cfg_path = tmp_path / "fleet.json.yaml"
+    if entry == "serve":  # the form docs/real-engines.md shows
+        provider = {"kind": "local", "command": command, "replicas": 2, "ready_timeout_s": 60}
+        deployment = {"model": MODEL, "engine": "llamacpp", "routing": {"policy": "round_robin"}}
+        cfg: dict[str, object] = {
+            "gateway": {"port": port},
+            "deployments": [{**deployment, "provider": provider}],
+        }
+        argv = ["serve", "--config", str(cfg_path)]
+    else:
+        cfg = {
+            "deployments": [{"model": MODEL, "routing": {"policy": "round_robin"}}],
+            "local": {"command": command, "ready_timeout_s": 60},
+        }
+        argv = ["up", "--config", str(cfg_path), "--replicas", "2", "--port", str(port), "--model", MODEL]
+    cfg_path.write_text(json.dumps(cfg))  # JSON is valid YAML
     log = tmp_path / "gateway.log"
     with open(log, "wb") as out:
         gw = subprocess.Popen(
-            [sys.executable, "-m", "fleetgate.cli", "up", "--config", str(cfg_path), "--replicas", "2",
-             "--port", str(port), "--model", MODEL],
+            [sys.executable, "-m", "fleetgate.cli", *argv],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
