@@ -7,6 +7,7 @@ root hands the gateway's callbacks), its autoscaler and whether the prober remed
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,10 +15,12 @@ from typing import Any
 import yaml
 
 from fleetgate.config import ConfigError, DeploymentConfig, FleetgateConfig
-from fleetgate.config_control import DEFAULT_REMEDIATION, LocalProviderConfig
+from fleetgate.config_control import DEFAULT_REMEDIATION, KubernetesProviderConfig, LocalProviderConfig
 from fleetgate.core.autoscale import ReportingAutoscaler, autoscaler_from
 from fleetgate.engines.dialects import dialect
 from fleetgate.providers.base import ChangeListener, DrainHook, ReplicaProvider
+from fleetgate.providers.kubernetes_config import connect as kubernetes_connect
+from fleetgate.providers.kubernetes_replicas import KubernetesReplicaProvider
 from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
 
 #: cost profile of the simulated engine replicas (src/fleetgate/profiles/fleetgate-sim.json)
@@ -78,6 +81,23 @@ def _local_factory(model: str, dep: DeploymentConfig, local: LocalProviderConfig
     return build
 
 
+def _kubernetes_factory(k8s: KubernetesProviderConfig) -> ProviderFactory:
+    """The engine Deployment's replicas from its Service's EndpointSlices (watched); the Deployment owns
+    the count, so nothing is asked for before the gateway listens."""
+    make_api = functools.partial(
+        kubernetes_connect,
+        deployment=k8s.deployment,
+        service=k8s.service,
+        port_name=k8s.port,
+        namespace=k8s.namespace,
+    )
+
+    def build(on_change: ChangeListener, drain_hook: DrainHook) -> ReplicaProvider:
+        return KubernetesReplicaProvider(make_api, on_change=on_change, drain_hook=drain_hook)
+
+    return build
+
+
 def control_plane(cfg: FleetgateConfig) -> ControlPlane:
     """Providers, autoscalers and remediation of every deployment (config already validated)."""
     plane = ControlPlane()
@@ -85,13 +105,15 @@ def control_plane(cfg: FleetgateConfig) -> ControlPlane:
         provider = dep.provider
         if provider.kind == "static":
             continue
-        if not isinstance(provider, LocalProviderConfig):
+        if isinstance(provider, KubernetesProviderConfig):
+            plane.providers[dep.model] = _kubernetes_factory(provider)
+        elif isinstance(provider, LocalProviderConfig):
+            plane.providers[dep.model] = _local_factory(dep.model, dep, provider)
+            plane.initial[dep.model] = provider.replicas
+        else:  # pragma: no cover - the config union has no other kind
             raise ConfigError(
-                f"deployments.{i}.provider: kind {provider.kind} is validated but `fleetgate serve` does not "
-                "run it yet (issue 17 item 2); list the replicas with `kind: static` for now"
+                f"deployments.{i}.provider: kind {provider.kind} is not run by `fleetgate serve`"
             )
-        plane.providers[dep.model] = _local_factory(dep.model, dep, provider)
-        plane.initial[dep.model] = provider.replicas
         if dep.autoscaler is not None:
             plane.autoscalers[dep.model] = autoscaler_from(dep.autoscaler)
         if remediation(dep) != "none":

@@ -43,6 +43,7 @@ from fleetgate.health.families import HealthFamilies
 from fleetgate.health.monitor import HealthMonitor, Remediator
 from fleetgate.ops.web import Ops
 from fleetgate.providers.base import ProviderError, ReplicaInfo, ReplicaProvider
+from fleetgate.providers.kubernetes_replicas import KubernetesReplicaProvider
 from fleetgate.providers.local import LocalProcessProvider
 
 if TYPE_CHECKING:
@@ -512,6 +513,9 @@ async def serve(cfg: FleetgateConfig, *, port: int | None = None, try_model: str
     )
     started = False
     try:
+        for provider in gateway.providers.values():
+            if isinstance(provider, KubernetesReplicaProvider):
+                await provider.start()  # first list of the EndpointSlices, then the watch runs
         for model, count in plane.initial.items():
             try:
                 infos = await gateway.providers[model].scale_to(count)  # each change re-syncs
@@ -538,6 +542,8 @@ async def serve(cfg: FleetgateConfig, *, port: int | None = None, try_model: str
         for provider in gateway.providers.values():
             if isinstance(provider, LocalProcessProvider):
                 await provider.stop_all()
+            elif isinstance(provider, KubernetesReplicaProvider):
+                await provider.stop()  # the pods stay: the Deployment owns them
 
 
 def run_serve(cfg: FleetgateConfig) -> None:

@@ -102,8 +102,8 @@ def test_serve_builds_providers_autoscalers_and_remediation_from_config() -> Non
             ]
         }
     )
-    with pytest.raises(ConfigError, match=r"deployments\.0\.provider: kind kubernetes"):
-        control_plane(k8s)
+    plane = control_plane(k8s)  # the watched Kubernetes provider; the Deployment owns the count
+    assert set(plane.providers) == {"k"} and plane.initial == {} and plane.remediate == {"k"}
 
 
 def test_up_is_serve_with_a_local_provider() -> None:

@@ -7,6 +7,8 @@ certificates, bearer tokens, exec credential plugins) into the client configurat
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,4 +44,29 @@ async def from_kubeconfig(
         service=service,
         port_name=port_name,
         **kwargs,
+    )
+
+
+async def connect(
+    *,
+    deployment: str,
+    service: str,
+    port_name: str | int | None = None,
+    namespace: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> KubernetesProvider:
+    """In a pod (``KUBERNETES_SERVICE_HOST`` set): the service account; elsewhere the kubeconfig
+    (``$KUBECONFIG`` or ``~/.kube/config``)."""
+    env = os.environ if env is None else env
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        return KubernetesProvider.in_cluster(
+            deployment=deployment, service=service, port_name=port_name, namespace=namespace, env=env
+        )
+    kubeconfig = env.get("KUBECONFIG")
+    return await from_kubeconfig(
+        deployment=deployment,
+        service=service,
+        port_name=port_name,
+        namespace=namespace,
+        config_file=kubeconfig.split(os.pathsep)[0] if kubeconfig else None,
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from fleetgate.providers.base import (
     ChangeListener,
@@ -32,29 +32,58 @@ from fleetgate.providers.base import (
 from fleetgate.providers.kubernetes import KubernetesError, KubernetesProvider
 from fleetgate.providers.kubernetes_watch import EndpointSliceWatcher, WatchSettings
 
+#: Makes the API client (e.g. ``kubernetes_config.connect``: in-cluster or from a kubeconfig).
+Connect = Callable[[], Awaitable[KubernetesProvider]]
+
 
 class KubernetesReplicaProvider:
     """One engine Deployment's replicas, discovered by watch and changed through the API server."""
 
     def __init__(
         self,
-        api: KubernetesProvider,
+        api: KubernetesProvider | Connect,
         *,
         on_change: ChangeListener | None = None,
         drain_hook: DrainHook | None = None,
         drain_timeout_s: float = 30.0,
         watch: WatchSettings | None = None,
     ) -> None:
-        self.api = api
+        """``api``: the API client, or a coroutine function making it (called by :meth:`start`: reading a
+        kubeconfig is asynchronous)."""
         self.on_change = on_change
         self.drain_hook = drain_hook
         self.drain_timeout_s = drain_timeout_s
-        self.watcher = EndpointSliceWatcher(api, self._changed, watch)
+        self._watch_settings = watch
+        self._connect: Connect | None = None
+        self._api: KubernetesProvider | None = None
+        self._watcher: EndpointSliceWatcher | None = None
+        if isinstance(api, KubernetesProvider):
+            self._attach(api)
+        else:
+            self._connect = api
         self._draining: set[str] = set()  # drained by us, still listed ready until their pod terminates
         self._lock = asyncio.Lock()
 
+    def _attach(self, api: KubernetesProvider) -> None:
+        self._api = api
+        self._watcher = EndpointSliceWatcher(api, self._changed, self._watch_settings)
+
+    @property
+    def api(self) -> KubernetesProvider:
+        if self._api is None:
+            raise ProviderError("the Kubernetes provider is not started (no API client yet)")
+        return self._api
+
+    @property
+    def watcher(self) -> EndpointSliceWatcher:
+        if self._watcher is None:
+            raise ProviderError("the Kubernetes provider is not started (no watch yet)")
+        return self._watcher
+
     def _infos(self) -> ReplicaList:
-        infos = self.watcher.infos()
+        if self._watcher is None:
+            return []
+        infos = self._watcher.infos()
         self._draining &= {i.name for i in infos}
         return [
             ReplicaInfo(i.name, i.url, ReplicaStatus.DRAINING) if i.name in self._draining else i
@@ -66,14 +95,19 @@ class KubernetesReplicaProvider:
             self.on_change(self._infos())
 
     async def start(self, sync_timeout_s: float = 10.0) -> None:
-        """Start watching; waits (bounded) for the first list so the gateway starts with the replicas."""
+        """Connect if needed, start watching; waits (bounded) for the first list so the gateway starts with
+        the replicas (an unreachable API server does not stop the start: the watch keeps retrying)."""
+        if self._api is None and self._connect is not None:
+            self._attach(await self._connect())
         self.watcher.start()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.watcher.synced.wait(), sync_timeout_s)
 
     async def stop(self) -> None:
-        await self.watcher.stop()
-        await self.api.close()
+        if self._watcher is not None:
+            await self._watcher.stop()
+        if self._api is not None:
+            await self._api.close()
 
     # -- protocol ------------------------------------------------------------------------------------------
 
