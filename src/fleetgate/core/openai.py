@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal
 
 import orjson
@@ -25,9 +26,13 @@ Endpoint = Literal["chat", "completions"]
 #: Fields whose value must be a boolean when present, per endpoint. ``logprobs`` differs: a boolean on chat
 #: (with an integer ``top_logprobs``), the number of alternatives per token on completions (OpenAI's legacy
 #: API and vLLM; lm-evaluation-harness sends ``logprobs: 1, echo: true``).
-_BOOL_FIELDS: dict[str, tuple[str, ...]] = {"chat": ("stream", "logprobs"), "completions": ("stream", "echo")}
+_BOOL_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"chat": ("stream", "logprobs"), "completions": ("stream", "echo")}
+)
 #: Integer fields >= 0, per endpoint. The upper bound is the engine's to judge (vLLM: ``--max-logprobs``).
-_COUNT_FIELDS: dict[str, tuple[str, ...]] = {"chat": ("top_logprobs",), "completions": ("logprobs",)}
+_COUNT_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"chat": ("top_logprobs",), "completions": ("logprobs",)}
+)
 
 
 @dataclass(frozen=True, slots=True)
