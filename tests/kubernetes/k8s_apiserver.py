@@ -51,6 +51,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from fleetgate.providers.local.process import die_with_parent
+
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -301,6 +303,7 @@ class FakeCluster:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,  # no engine outlives a killed test run
         )
         pod.proc = proc
         assert proc.stdout is not None
