@@ -43,13 +43,9 @@ from fleetgate.core.calibrate import (
     sweep_design,
 )
 from fleetgate.core.units import CostProfile
-from fleetgate.engines.calibration import (
-    EngineProbe,
-    Shape,
-    calibrate_engine,
-    process_tree_cpu_seconds,
-)
+from fleetgate.engines.calibration import calibrate_engine
 from fleetgate.engines.calibration_plot import plot_calibration
+from fleetgate.engines.calibration_probe import EngineProbe, Shape, process_tree_cpu_seconds
 from fleetgate.profiles import load_profile
 
 #: (input tokens, output tokens) shapes of each mix; none of them is a calibration design point.

@@ -45,7 +45,7 @@ import numpy as np
 import yaml
 from PIL import Image
 
-from fleetgate.engines.calibration import process_cpu_seconds
+from fleetgate.engines.calibration_probe import process_cpu_seconds
 
 MODEL = "bench-vlm"
 READY = re.compile(r"ready on (http://127\.0\.0\.1:\d+)")

@@ -71,7 +71,7 @@ import yaml
 
 from fleetgate.core.tokenize import count_tokens, render_chat_prompt
 from fleetgate.core.units import CostProfile
-from fleetgate.engines.calibration import process_cpu_seconds
+from fleetgate.engines.calibration_probe import process_cpu_seconds
 from fleetgate.profiles import load_profile
 
 MODEL = "fleetgate-sim"

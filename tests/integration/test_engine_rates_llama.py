@@ -24,7 +24,8 @@ import pytest
 from engine_http import MODEL, scrape_metrics
 
 from fleetgate.core.calibrate import sweep_design
-from fleetgate.engines.calibration import calibrate_engine, process_tree_cpu_seconds
+from fleetgate.engines.calibration import calibrate_engine
+from fleetgate.engines.calibration_probe import process_tree_cpu_seconds
 from fleetgate.engines.llama import EngineProcess, LlamaServerConfig, free_port, llama_server
 from real_engines import need_llama
 

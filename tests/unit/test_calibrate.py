@@ -173,7 +173,7 @@ def test_fit_rejects_bad_input() -> None:
 
 
 def test_steady_state_window_handles_batched_completions() -> None:
-    from fleetgate.engines.calibration import steady_state_window
+    from fleetgate.engines.calibration_probe import steady_state_window
 
     # a batch of 8 finishes together every second: 4 batches -> 8 req/s in steady state
     times = [float(b) for b in range(1, 5) for _ in range(8)]
@@ -190,7 +190,7 @@ def test_steady_state_window_handles_batched_completions() -> None:
 def test_process_cpu_seconds_counts_own_work() -> None:
     import os
 
-    from fleetgate.engines.calibration import process_cpu_seconds
+    from fleetgate.engines.calibration_probe import process_cpu_seconds
 
     before = process_cpu_seconds(os.getpid())
     x = 0
@@ -255,7 +255,7 @@ def test_fit_on_homogeneous_and_mixed_runs_recovers_the_profile() -> None:
 
 
 def test_prompts_never_share_a_prefix_across_probes() -> None:
-    from fleetgate.engines.calibration import EngineProbe
+    from fleetgate.engines.calibration_probe import EngineProbe
 
     a = EngineProbe(None, "http://127.0.0.1:1", "m")  # type: ignore[arg-type]
     b = EngineProbe(None, "http://127.0.0.1:1", "m")  # type: ignore[arg-type]
@@ -271,7 +271,7 @@ def test_prompts_never_share_a_prefix_across_probes() -> None:
 
 
 def test_merged_rungs_count_every_request_over_all_busy_time() -> None:
-    from fleetgate.engines.calibration import LevelResult, _merge
+    from fleetgate.engines.calibration_probe import LevelResult, _merge
 
     a = LevelResult(8, 10, 2.0, 20.0, 0.1, 100.0, 4.0, 5.0, busy_s=0.5, usages=[(100, 4)] * 10)
     b = LevelResult(8, 30, 5.0, 20.0, 0.3, 200.0, 8.0, 6.0, busy_s=2.5, usages=[(200, 8)] * 30)
@@ -303,7 +303,7 @@ def test_holdout_scores_the_split_fit_and_the_profile_uses_every_point() -> None
 
 
 def test_jittered_shapes_keep_the_means_and_break_lockstep() -> None:
-    from fleetgate.engines.calibration import Shape, jittered
+    from fleetgate.engines.calibration_probe import Shape, jittered
 
     js = jittered(Shape(100, 64), 0.3)
     assert len(js) == 8 and len(set(js)) == 8

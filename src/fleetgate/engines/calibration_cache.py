@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from fleetgate.core.calibrate import Calibration, image_cost_per_token, prefix_cache_discount
-from fleetgate.engines.calibration import CalibrationError, EngineProbe, LevelResult, Shape
+from fleetgate.engines.calibration_probe import CalibrationError, EngineProbe, LevelResult, Shape
 
 
 @dataclass(frozen=True)

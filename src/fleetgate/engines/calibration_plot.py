@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleetgate.core.calibrate import predicted_seconds
-from fleetgate.engines.calibration import CalibrationRun
+
+if TYPE_CHECKING:
+    from fleetgate.engines.calibration import CalibrationRun
 
 
 def plot_calibration(run: CalibrationRun, path: Path, title: str = "") -> None:
