@@ -12,6 +12,7 @@ import re
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -38,10 +39,7 @@ async def _replicas(session: aiohttp.ClientSession, url: str) -> set[str]:
     return set(re.findall(r'replica="([^"]+)"', text))
 
 
-async def test_serve_routes_to_watched_pods_and_follows_changes(
-    k8s: tuple[FakeCluster, ApiServer, KubernetesProvider], tmp_path: Path
-) -> None:
-    cluster, server, _ = k8s
+def _start_serve(cluster: FakeCluster, server: ApiServer, tmp_path: Path) -> Any:
     cluster.token = "serve-token"
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(json.dumps({
@@ -58,13 +56,33 @@ async def test_serve_routes_to_watched_pods_and_follows_changes(
     config.write_text(yaml.safe_dump({
         "gateway": {"port": _free_port()}, "deployments": [deployment], "ops": {"access_log": False},
     }))  # fmt: skip
-    await cluster.wait_for(lambda: len(cluster.ready_urls()) == 2)
     tools = integration_tools()
-    gw = tools.ServerProcess(
+    return tools.ServerProcess(
         [tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(config)],
         name="fleetgate-serve",
         env={"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""},
     )
+
+
+async def _healthy(session: aiohttp.ClientSession, url: str, replica: str) -> bool:
+    """The gateway's prober holds ``replica`` healthy (its ``fleetgate_health_state`` gauge)."""
+    async with session.get(url + "/metrics") as r:
+        text = await r.text()
+    return any(
+        line.startswith("fleetgate_health_state{")
+        and f'replica="{replica}"' in line
+        and 'state="healthy"' in line
+        and float(line.rsplit(" ", 1)[1]) == 1.0
+        for line in text.splitlines()
+    )
+
+
+async def test_serve_routes_to_watched_pods_and_follows_changes(
+    k8s: tuple[FakeCluster, ApiServer, KubernetesProvider], tmp_path: Path
+) -> None:
+    cluster, server, _ = k8s
+    await cluster.wait_for(lambda: len(cluster.ready_urls()) == 2)
+    gw = _start_serve(cluster, server, tmp_path)
     try:
         url = await asyncio.to_thread(gw.wait_ready, 60.0)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
@@ -96,5 +114,48 @@ async def test_serve_routes_to_watched_pods_and_follows_changes(
                 await asyncio.sleep(0.1)
             assert all(await asyncio.gather(*(ok() for _ in range(8))))
         assert all(st != 401 for _t, _m, _p, st in cluster.requests)
+    finally:
+        gw.kill()
+
+
+async def test_serve_deletes_a_hung_pod_and_routes_to_its_replacement(
+    k8s: tuple[FakeCluster, ApiServer, KubernetesProvider], tmp_path: Path
+) -> None:
+    """A pod that hangs (its /health still 200, so its readiness stays true) is found by the gateway's
+    prober with the real health defaults, its pod deleted (remediation: delete_pod, the kubernetes default),
+    the ReplicaSet's replacement routed to within 30 s; the healthy pod is never deleted and requests keep
+    succeeding."""
+    cluster, server, _ = k8s
+    await cluster.wait_for(lambda: len(cluster.ready_urls()) == 2)
+    gw = _start_serve(cluster, server, tmp_path)
+    try:
+        url = await asyncio.to_thread(gw.wait_ready, 60.0)
+        victim, other = sorted(cluster.pods)
+        victim_port = cluster.pods[victim].port
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+            async with s.post(f"http://127.0.0.1:{victim_port}/admin/fault", json={"kind": "hang"}) as r:
+                assert r.status == 200
+            t0 = time.monotonic()
+            results: list[int] = []
+
+            async def one() -> None:
+                async with s.post(url + "/v1/chat/completions", json=BODY) as r:
+                    await r.read()
+                    results.append(r.status)
+
+            traffic: list[asyncio.Task[None]] = []
+            served = None
+            while time.monotonic() - t0 < 35.0:
+                traffic.append(asyncio.create_task(one()))
+                new = set(cluster.pods) - {victim, other}
+                if victim in cluster.deleted_pods and new and all([await _healthy(s, url, n) for n in new]):
+                    served = time.monotonic() - t0
+                    break
+                await asyncio.sleep(0.5)
+            await asyncio.gather(*traffic)
+            assert served is not None and served <= 30.0, gw.output[-3000:]
+            assert cluster.deleted_pods == [victim], "only the hung pod was deleted"
+            assert results and all(st == 200 for st in results), results
+        print(f"hung pod: deleted and replacement routable after {served:.1f} s")
     finally:
         gw.kill()
