@@ -113,6 +113,23 @@ async def test_serve_routes_to_watched_pods_and_follows_changes(
                 assert time.monotonic() < deadline, "the replacement pod never reached the gateway"
                 await asyncio.sleep(0.1)
             assert all(await asyncio.gather(*(ok() for _ in range(8))))
+
+            # the API server away for a few seconds: routing goes on over the last known pods ...
+            await server.stop_http()
+            t_end = time.monotonic() + 3.0
+            during: list[bool] = []
+            while time.monotonic() < t_end:
+                during += await asyncio.gather(*(ok() for _ in range(2)))
+            assert during and all(during)
+            # ... and what changed meanwhile reaches the gateway once it is back
+            cluster.scale(3)
+            await cluster.wait_for(lambda: len(cluster.ready_urls()) == 3)
+            await server.start_http()
+            deadline = time.monotonic() + 15
+            while not set(cluster.pods) <= await _replicas(s, url):
+                assert time.monotonic() < deadline, "the gateway did not resync after the outage"
+                await asyncio.sleep(0.1)
+            assert all(await asyncio.gather(*(ok() for _ in range(8))))
         assert all(st != 401 for _t, _m, _p, st in cluster.requests)
     finally:
         gw.kill()
