@@ -16,7 +16,9 @@ admitted request is settled (it ran) or released (it never ran).
 
 The rules of a request's way through a deployment (estimate, in-flight counters, dispatch gate, the policy's
 hooks, settlement, output history, demand) are ``core.lifecycle.Lifecycle``'s, shared with the simulator;
-this module does the I/O around them: when to call, with which clock reading.
+this module does the I/O around them: when to call, with which clock reading. One attempt on one replica and
+the relay of its answer are ``gateway.upstream.UpstreamRelay``'s; the continuation of a broken stream is
+``gateway.continuation.Continuer``'s.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -43,19 +44,14 @@ from fleetgate.core.errors import (
     RequestTimeoutError,
     ServiceUnavailableError,
     UpstreamError,
-    UpstreamTimeoutError,
-    is_local_resource_error,
 )
-from fleetgate.core.failover import FailoverTracker, static_refusal
 from fleetgate.core.openai import (
     Endpoint,
     ParsedRequest,
     RequestLimits,
-    StreamTracker,
-    usage_from_body,
     with_stream_usage,
 )
-from fleetgate.core.types import Priority, RandomSource, RequestInfo, Usage
+from fleetgate.core.types import Priority, RandomSource, RequestInfo
 from fleetgate.engines.client import UpstreamClient
 from fleetgate.engines.dialects import dialect
 from fleetgate.engines.dialects.base import LOW_FIRST
@@ -67,25 +63,21 @@ from fleetgate.gateway.admission import (
     tenant_priority,
     ticket_headers,
 )
-from fleetgate.gateway.continuation import PATHS, ClientGoneError, Collector, Continuer, body_too_large, relay
+from fleetgate.gateway.continuation import Continuer
 from fleetgate.gateway.errors import (
-    REQUEST_ID_HEADER,
     error_response,
     payload_too_large,
-    sse_error_event,
-    upstream_rejection,
 )
 from fleetgate.gateway.fleet import Deployment, Fleet, ReplicaState
 from fleetgate.gateway.gate import GateShell
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.parsing import RequestParser
+from fleetgate.gateway.upstream import Call, UpstreamRelay, error_kind
 
 if TYPE_CHECKING:
     from fleetgate.multimodal.pipeline import ImagePipeline
 
 log = logging.getLogger("fleetgate.gateway")
-
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 #: Tenant class -> the request ``priority`` of vLLM-like engines (lower runs first); each engine's own
 #: table is its dialect's (``engines.dialects``), sent only for deployments with ``engine_priority: true``.
@@ -114,34 +106,6 @@ class RequestObserver(Protocol):
         mu: float | None = None,
         error_kind: str | None = None,
     ) -> None: ...
-
-
-@dataclass(slots=True)
-class _Call:
-    """What one client request did, for metrics and settlement."""
-
-    replica: ReplicaState | None = None
-    ran: bool = False  # the engine produced output for the client (settle rather than release)
-    ok: bool = False  # the replica behaved (no upstream failure)
-    client_gone: bool = False
-    local_error: bool = False  # the gateway itself ran out of resources: says nothing about the replica
-    usage: Usage | None = None
-    output_events: int = 0
-    status: int = 500
-    error_kind: str | None = None
-    start: float = 0.0
-    headers: dict[str, str] = field(default_factory=dict)  # from admission (x-ratelimit-*)
-    attempts: list[str] = field(default_factory=list)
-    request_id: str = ""  # for fleetgate.ops (SLO window, access log)
-    tenant: str = ""
-    ttft_s: float | None = None
-    mu: float | None = None  # settled model units
-    info: RequestInfo | None = None  # what the router saw (for the policy's first-token hook)
-    body: bytes = b""  # the upstream request body (a continuation extends it)
-    endpoint: Endpoint = "chat"
-    continuations: int = 0  # streams continued on another replica after a break
-    attempt_usage: Usage | None = None  # what the current replica did, when it differs from ``usage``
-    refusal: str | None = None  # why a broken stream of this request would not be continued
 
 
 class Proxy:
@@ -175,7 +139,7 @@ class Proxy:
         self.rng = rng
         self.clock = clock
         self.listeners: tuple[ResultListener, ...] = tuple(listeners)
-        self.continuer = Continuer(
+        continuer = Continuer(
             config=config,
             client=client,
             metrics=metrics,
@@ -184,6 +148,15 @@ class Proxy:
             rng=rng,
             clock=clock,
             listeners=self.listeners,
+        )
+        #: one attempt on one replica and the relay of its answer (continued by ``continuer`` when it breaks)
+        self.upstream = UpstreamRelay(
+            config=config,
+            client=client,
+            metrics=metrics,
+            clock=clock,
+            continuer=continuer,
+            shutting_down=lambda: self.shutting_down,
         )
         #: ``fleetgate.ops.web.Ops`` (SLO window + access log), told about every finished request
         self.slo = slo
@@ -214,7 +187,7 @@ class Proxy:
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         start = self.clock()
         request_id: str = request["request_id"]
-        call = _Call(start=start, request_id=request_id)
+        call = Call(start=start, request_id=request_id)
         deployment: Deployment | None = None
         self.active += 1
         self._idle.clear()
@@ -243,7 +216,7 @@ class Proxy:
             return response
         except FleetgateError as exc:
             call.status = exc.status
-            call.error_kind = call.error_kind or _error_kind(exc)
+            call.error_kind = call.error_kind or error_kind(exc)
             return error_response(exc, request_id)
         except asyncio.CancelledError:
             call.status = 499
@@ -329,7 +302,7 @@ class Proxy:
         deployment: Deployment,
         parsed: ParsedRequest,
         info: RequestInfo,
-        call: _Call,
+        call: Call,
     ) -> web.StreamResponse:
         new_body, strip = self._upstream_body(parsed, deployment, info)
         body = new_body if new_body is not None else await request.read()  # cached by aiohttp
@@ -362,7 +335,7 @@ class Proxy:
             call.ok = False
             lifecycle.dispatch(info, replica.name, replica, self.clock())
             try:
-                return await self._attempt(request, deployment, replica, parsed, body, strip, call)
+                return await self.upstream.attempt(request, deployment, replica, parsed, body, strip, call)
             except asyncio.CancelledError:
                 call.client_gone = not self.shutting_down  # not the replica's fault
                 raise
@@ -380,7 +353,7 @@ class Proxy:
             raise ServiceUnavailableError(
                 f"no replica of {deployment.model!r} is available", retry_after_s=1.0
             )
-        call.error_kind = _error_kind(last)
+        call.error_kind = error_kind(last)
         tried = ", ".join(call.attempts)
         last.message = f"{last.message} (tried {len(call.attempts)} replica(s): {tried})"
         last.args = (last.message,)
@@ -394,7 +367,7 @@ class Proxy:
         return shell
 
     def _attempt_done(
-        self, deployment: Deployment, replica: ReplicaState, info: RequestInfo, call: _Call
+        self, deployment: Deployment, replica: ReplicaState, info: RequestInfo, call: Call
     ) -> None:
         now = self.clock()
         neutral = call.client_gone or call.local_error  # the client left, or the gateway is out of resources
@@ -403,301 +376,8 @@ class Proxy:
         for listener in self.listeners:
             listener(deployment.model, replica.name, ok, now)
 
-    async def _attempt(
-        self,
-        request: web.Request,
-        deployment: Deployment,
-        replica: ReplicaState,
-        parsed: ParsedRequest,
-        body: bytes,
-        strip: bool,
-        call: _Call,
-    ) -> web.StreamResponse:
-        request_id: str = request["request_id"]
-        url = replica.url + PATHS[parsed.endpoint]
-        headers = {**deployment.upstream_headers, REQUEST_ID_HEADER: request_id}
-        # failover.non_stream: a plain-text non-streamed request is streamed from the engine and answered
-        # in one body, so that a failure mid-generation can be continued like a stream
-        collect = not parsed.stream and self._collects(parsed, deployment)
-        if collect:
-            body = call.body = orjson.dumps(
-                {**orjson.loads(body), "stream": True, "stream_options": {"include_usage": True}}
-            )
-        stream = parsed.stream or collect
-        # A stream must show life within first_byte_timeout_s (then idle timeouts apply); a non-streamed
-        # answer arrives whole (vLLM sends its headers with the body), so it gets the separate total limit.
-        timeout_s = self.config.first_byte_timeout_s if stream else self.config.non_stream_timeout_s
-        tracker: StreamTracker | FailoverTracker
-        call.refusal = self._failover_refusal(parsed, deployment) if stream else None
-        if stream and call.refusal is None:
-            tracker = FailoverTracker(
-                parsed.endpoint,
-                strip_usage=strip,
-                prompt_tokens=parsed.input_tokens,
-                client_usage=parsed.include_usage or collect,
-            )
-        else:
-            tracker = StreamTracker(strip_usage=strip)
-        first = b""
-        answering = False  # the engine's answer started: a failure from here on is not retried
-        try:
-            async with asyncio.timeout(timeout_s):
-                upstream = await self.client.post(url, body, headers)
-                try:
-                    if upstream.status != 200:
-                        raw = await self._read_body_limited(upstream, replica)
-                        rejection = upstream_rejection(upstream.status, raw)
-                        if rejection is not None:  # the engine judged the request itself bad: no retry
-                            call.ok = True
-                            raise rejection
-                        raise UpstreamError(
-                            f"replica {replica.name} answered HTTP {upstream.status}",
-                            upstream_status=upstream.status,
-                        )
-                    if not stream or not upstream.content_type.startswith("text/event-stream"):
-                        # (an engine that answers a stream request with one JSON body is relayed as is)
-                        answering = True
-                        raw = await self._read_body_limited(upstream, replica)
-                        call.ok = call.ran = True
-                        call.usage = usage_from_body(raw)
-                        ctype = upstream.headers.get("Content-Type", "application/json")
-                        return web.Response(
-                            body=raw,
-                            status=200,
-                            headers={**call.headers, "Content-Type": ctype, REQUEST_ID_HEADER: request_id},
-                        )
-                    while not first:
-                        chunk = await upstream.content.readany()
-                        if not chunk:
-                            raise UpstreamError(f"replica {replica.name} closed the stream before any event")
-                        first = tracker.feed(chunk)
-                except BaseException:
-                    upstream.close()
-                    raise
-        except TimeoutError as exc:
-            if stream:
-                raise UpstreamTimeoutError(
-                    f"replica {replica.name} sent nothing within {timeout_s:g} s"
-                ) from exc
-            raise UpstreamTimeoutError(
-                f"replica {replica.name} sent no complete response within {timeout_s:g} s "
-                "(gateway.non_stream_timeout_s)",
-                retryable=False,
-            ) from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            if is_local_resource_error(exc):  # the gateway is out of descriptors/memory: not the replica
-                call.local_error = True
-                log.error(
-                    "request %s: the gateway is out of resources (%s)", request_id, exc.__class__.__name__
-                )
-                raise ServiceUnavailableError(
-                    "The gateway is overloaded; retry shortly.", retry_after_s=1.0
-                ) from exc
-            raise UpstreamError(
-                f"replica {replica.name} failed: {exc.__class__.__name__}: {exc}", retryable=not answering
-            ) from exc
-        if collect and isinstance(tracker, FailoverTracker):
-            return await self._collect(request, replica, upstream, tracker, call, deployment)
-        return await self._stream(request, replica, upstream, tracker, first, call, deployment)
-
-    def _collects(self, parsed: ParsedRequest, deployment: Deployment) -> bool:
-        """Whether a non-streamed request is streamed from the engine (``failover.non_stream``): plain
-        text only, and no tools (a non-streamed tool call would have to be reassembled from deltas)."""
-        body = parsed.body
-        return (
-            deployment.config.failover.non_stream
-            and self._failover_refusal(parsed, deployment) is None
-            and not body.get("tools")
-            and not body.get("functions")
-        )
-
-    async def _collect(
-        self,
-        request: web.Request,
-        replica: ReplicaState,
-        upstream: aiohttp.ClientResponse,
-        tracker: FailoverTracker,
-        call: _Call,
-        deployment: Deployment,
-    ) -> web.StreamResponse:
-        """The non-streamed answer of a request streamed from the engine (its first event arrived): read
-        the stream to its end, continue it on another replica if it breaks, answer with one JSON body."""
-        call.ran = True
-        sink = Collector(self.config.max_upstream_body_bytes, replica)
-        error: FleetgateError | None = None
-        idle = self.config.stream_idle_timeout_s
-        try:
-            try:
-                if not upstream.content.at_eof():
-                    await relay(sink, upstream.content, tracker, idle)
-            except TimeoutError:
-                error = UpstreamTimeoutError(
-                    f"replica {replica.name} stalled for {idle:g} s", retryable=False
-                )
-            except (aiohttp.ClientError, OSError) as exc:
-                error = UpstreamError(
-                    f"replica {replica.name} broke: {exc.__class__.__name__}", retryable=False
-                )
-            if error is None and (tracker.truncated or tracker.error is not None):
-                error = UpstreamError(f"replica {replica.name} ended the stream early", retryable=False)
-            if error is not None:
-                log.warning("request %s: %s", request["request_id"], error.message)
-                upstream.close()
-                _, error = await self.continuer.resume(
-                    request["request_id"], sink, deployment, replica, tracker, call, error
-                )
-                outcome = "error" if error is not None else "continued"
-                self.metrics.interrupted_streams.labels(deployment.model, outcome).inc()
-            else:
-                call.ok = True
-        finally:
-            call.usage = tracker.final_usage()
-            call.output_events = tracker.data_events
-            if tracker.attempts:
-                broken = tracker.attempts[0]
-                call.attempt_usage = Usage(broken.prompt_tokens, broken.completion_tokens)
-            if call.continuations:
-                self.continuer.record_overhead(deployment, tracker, call)
-            if call.ok:
-                upstream.release()
-            else:
-                upstream.close()
-        if error is not None:
-            call.error_kind = _error_kind(error)
-            raise error
-        headers = {
-            **call.headers,
-            "Content-Type": "application/json",
-            REQUEST_ID_HEADER: request["request_id"],
-        }
-        return web.Response(body=orjson.dumps(tracker.response_body()), status=200, headers=headers)
-
-    async def _read_body_limited(self, upstream: aiohttp.ClientResponse, replica: ReplicaState) -> bytes:
-        """The whole upstream body, at most ``max_upstream_body_bytes`` (else a non-retryable 502)."""
-        limit = self.config.max_upstream_body_bytes
-        if upstream.content_length is not None and upstream.content_length > limit:
-            raise body_too_large(replica, limit)
-        parts: list[bytes] = []
-        size = 0
-        content = upstream.content
-        while True:
-            chunk = await content.readany()
-            if not chunk:
-                return b"".join(parts)
-            size += len(chunk)
-            if size > limit:
-                raise body_too_large(replica, limit)
-            parts.append(chunk)
-
-    def _failover_refusal(self, parsed: ParsedRequest, deployment: Deployment) -> str | None:
-        """Why a broken stream of this request would not be continued (``None``: it would)."""
-        if not deployment.config.failover.enabled:
-            return "disabled"
-        return static_refusal(parsed.endpoint, parsed.body)
-
-    async def _stream(
-        self,
-        request: web.Request,
-        replica: ReplicaState,
-        upstream: aiohttp.ClientResponse,
-        tracker: StreamTracker | FailoverTracker,
-        first: bytes,
-        call: _Call,
-        deployment: Deployment,
-    ) -> web.StreamResponse:
-        """Relay an upstream SSE stream whose first bytes arrived; from here on errors are in-band (or the
-        stream is continued on another replica)."""
-        headers = {**call.headers, **_SSE_HEADERS, REQUEST_ID_HEADER: request["request_id"]}
-        response = _RelayResponse(status=200, headers=headers)
-        call.ran = True
-        error: FleetgateError | None = None
-        idle = self.config.stream_idle_timeout_s
-        content = upstream.content
-        # When the upstream has already ended, the rest goes out with the end of the response in one write.
-        tail = first
-        try:
-            await response.prepare(request)
-            if not content.at_eof():
-                await response.write(first)
-                tail = b""
-            call.ttft_s = self.clock() - call.start
-            if call.info is not None:
-                deployment.lifecycle.first_token(call.info, replica.name, self.clock())
-            self.metrics.replica(deployment.model, replica.name).ttft.observe(call.ttft_s)
-            try:
-                if not tail and not content.at_eof():
-                    tail = await relay(response, content, tracker, idle)
-            except TimeoutError:
-                error = UpstreamTimeoutError(
-                    f"replica {replica.name} stream stalled for {idle:g} s", retryable=False
-                )
-            except (aiohttp.ClientError, OSError) as exc:
-                error = UpstreamError(
-                    f"replica {replica.name} stream broke: {exc.__class__.__name__}", retryable=False
-                )
-            if error is None and tracker.truncated:
-                error = UpstreamError(f"replica {replica.name} ended the stream early", retryable=False)
-            if isinstance(tracker, FailoverTracker):
-                if error is None and tracker.error is not None:
-                    error = UpstreamError(f"replica {replica.name} sent an error event", retryable=False)
-                if error is not None:
-                    log.warning("request %s: %s", request["request_id"], error.message)
-                    upstream.close()
-                    if tail:  # whole events only: safe to send before the continuation's
-                        await response.write(tail)
-                    tail, error = await self.continuer.resume(
-                        request["request_id"], response, deployment, replica, tracker, call, error
-                    )
-                    outcome = "error" if error is not None else "continued"
-                    self.metrics.interrupted_streams.labels(deployment.model, outcome).inc()
-            elif error is None and tracker.error is not None:  # the engine's own in-band error, relayed as is
-                call.error_kind = "engine_stream_error"
-            elif error is not None:  # a stream that cannot be continued exactly ends with an SSE error
-                self.metrics.failover_refusals.labels(deployment.model, call.refusal or "disabled").inc()
-                self.metrics.interrupted_streams.labels(deployment.model, "error").inc()
-            if error is not None:
-                call.error_kind = _error_kind(error)
-                log.warning("request %s: %s", request["request_id"], error.message)
-                tail += sse_error_event(error)
-            elif call.continuations == 0:
-                call.ok = True
-            await response.write_eof(tail)
-        except (ClientGoneError, ConnectionResetError):
-            call.client_gone = True
-            call.error_kind = "client_disconnect"
-        except asyncio.CancelledError:
-            call.client_gone = not self.shutting_down
-            if self.shutting_down:
-                call.error_kind = "shutdown"
-                try:
-                    response.force_close()
-                    await response.write(
-                        sse_error_event(ServiceUnavailableError("The gateway is shutting down."))
-                    )
-                except Exception:
-                    pass
-            raise
-        finally:
-            if isinstance(tracker, FailoverTracker):
-                call.usage = (
-                    tracker.final_usage() if (tracker.usage is not None or call.continuations) else None
-                )
-                if tracker.attempts:
-                    broken = tracker.attempts[0]  # what the first replica did (its policy's cost feedback)
-                    call.attempt_usage = Usage(broken.prompt_tokens, broken.completion_tokens)
-                if call.continuations:
-                    self.continuer.record_overhead(deployment, tracker, call)
-            else:
-                call.usage = tracker.usage
-            call.output_events = tracker.data_events
-            if call.ok:
-                upstream.release()
-            else:
-                upstream.close()
-        return response
-
     async def _finish_admission(
-        self, ticket: Any, tenant: Any, deployment: Deployment, info: RequestInfo, call: _Call
+        self, ticket: Any, tenant: Any, deployment: Deployment, info: RequestInfo, call: Call
     ) -> None:
         """Settle what ran (real cost from usage, else an estimate from what streamed) or release.
 
@@ -728,7 +408,7 @@ class Proxy:
         else:  # shielded: a client that leaves right now must not cancel the bookkeeping
             await asyncio.shield(asyncio.ensure_future(settle))
 
-    def _record(self, endpoint: str, deployment: Deployment | None, call: _Call, start: float) -> None:
+    def _record(self, endpoint: str, deployment: Deployment | None, call: Call, start: float) -> None:
         dep = deployment.model if deployment is not None else "unknown"
         rep = call.replica.name if call.replica is not None else ""
         self.metrics.count_request(dep, rep, endpoint, call.status)
@@ -755,13 +435,6 @@ class Proxy:
                 mu=call.mu,
                 error_kind=call.error_kind,
             )
-
-
-class _RelayResponse(web.StreamResponse):
-    """A stream response whose headers leave with its first bytes (one write, not two): a relay always has
-    those bytes in hand when it prepares. (aiohttp's own switch; harmless if a future aiohttp drops it.)"""
-
-    _send_headers_immediately = False
 
 
 def _uses_prefix_hashes(deployment: Deployment) -> bool:
@@ -792,11 +465,3 @@ def _session_key(request: web.Request, parsed: ParsedRequest) -> str | None:
         return header
     user = parsed.body.get("user")
     return user if isinstance(user, str) and user else None
-
-
-def _error_kind(exc: FleetgateError) -> str:
-    if isinstance(exc, UpstreamTimeoutError):
-        return "upstream_timeout"
-    if isinstance(exc, UpstreamError):
-        return "upstream_error"
-    return exc.code or exc.error_type
