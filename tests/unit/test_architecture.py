@@ -35,10 +35,7 @@ KNOWN_LONG: set[str] = set()
 #: Import circles still open (package -> [children in the circle]). Shrinks only.
 KNOWN_CYCLES: dict[str, set[str]] = {}
 #: Third-party imports in core, by module, that are still to go. Shrinks only.
-KNOWN_CORE_IMPORTS: dict[str, set[str]] = {
-    "fleetgate.core.openai": {"orjson"},
-    "fleetgate.core.failover": {"orjson"},
-}
+KNOWN_CORE_IMPORTS: dict[str, set[str]] = {}
 #: Module-level mutable values in core still to go (file: names; the tokenizer caches are a
 #: PromptTokenizer instance owned by the fleet now). Shrinks only.
 KNOWN_MUTABLE: dict[str, set[str]] = {}

@@ -9,11 +9,13 @@ import orjson
 import pytest
 
 from fleetgate.core.failover import FailoverTracker, static_refusal
+from fleetgate.core.json_codec import STDLIB_JSON, JsonCodec
 from fleetgate.core.sse import DONE_DATA, parse_all
 from fleetgate.core.tokenize import count_tokens, render_chat_prompt
 from fleetgate.core.types import Usage
 from fleetgate.engines.continuation import continuation_body, remaining_tokens
 from fleetgate.engines.dialects import dialect
+from fleetgate.orjson_codec import ORJSON
 from fleetgate.simengine.textgen import continuation_prompt, start_index, tokens_text
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about rivers."}]
@@ -113,15 +115,20 @@ def _split(data: bytes, rng: random.Random) -> list[bytes]:
     return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
 
 
+#: The tracker gives the same stream with either codec (core's default; the one the gateway passes).
+CODECS = pytest.mark.parametrize("codec", [STDLIB_JSON, ORJSON], ids=["stdlib", "orjson"])
+
+
+@CODECS
 @pytest.mark.parametrize("seed", range(5))
-def test_tracker_splices_a_continuation_into_one_stream(seed: int) -> None:
+def test_tracker_splices_a_continuation_into_one_stream(seed: int, codec: JsonCodec) -> None:
     rng = random.Random(seed)
     words = [" w" + str(i) for i in range(10)]
     # the first replica: role chunk, 4 words, then half of the fifth event, and the connection breaks
     first = _chunk("a", 1, {"role": "assistant", "content": ""})
     first += b"".join(_chunk("a", 1, {"content": w}) for w in words[:4])
     broken = _chunk("a", 1, {"content": words[4]})
-    tracker = FailoverTracker("chat", strip_usage=False, prompt_tokens=20, client_usage=True)
+    tracker = FailoverTracker("chat", strip_usage=False, prompt_tokens=20, client_usage=True, codec=codec)
     sent = b"".join(tracker.feed(part) for part in _split(first + broken[:15], rng))
     assert sent == first  # whole events only: the half event never reaches the client
     assert tracker.truncated and tracker.produced == 4 and tracker.text == "".join(words[:4])
@@ -166,11 +173,12 @@ def test_tracker_sees_tool_calls_and_holds_back_in_band_errors() -> None:
     assert tracker.feed(err) == b"" and tracker.error is not None and tracker.error_raw == err
 
 
-def test_tracker_keeps_escaped_and_unicode_text_exactly() -> None:
+@CODECS
+def test_tracker_keeps_escaped_and_unicode_text_exactly(codec: JsonCodec) -> None:
     """Plain chunks are recorded as the engine's JSON string literals (decoded only on a break): quotes,
     backslashes, unicode and engines that put spaces in their JSON all come back as the text sent."""
     pieces = [' say "hi"', " back\\slash", ' \\\\"', " caf\u00e9 \u4e2d", "\n", " end\\"]
-    tracker = FailoverTracker("chat")
+    tracker = FailoverTracker("chat", codec=codec)
     raw = _chunk("a", 1, {"role": "assistant", "content": ""})
     raw += b"".join(_chunk("a", 1, {"content": p}) for p in pieces)
     spaced = (
@@ -180,7 +188,7 @@ def test_tracker_keeps_escaped_and_unicode_text_exactly() -> None:
     assert tracker.feed(raw) == raw and tracker.feed(spaced) == spaced
     assert tracker.text == "".join(pieces) + " spaced"
     assert tracker.produced == len(pieces) + 1
-    comp = FailoverTracker("completions")
+    comp = FailoverTracker("completions", codec=codec)
     obj = {"id": "c", "object": "text_completion", "created": 1, "model": "m"}
     for text in (" one", ' "two"'):
         event = {**obj, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]}

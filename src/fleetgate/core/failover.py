@@ -21,8 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from fleetgate.core.json_codec import STDLIB_JSON, JsonCodec
 from fleetgate.core.openai import Endpoint, usage_from_mapping
 from fleetgate.core.sse import DONE_DATA, SSEParser
 from fleetgate.core.types import Usage
@@ -94,6 +93,7 @@ class FailoverTracker:
     __slots__ = (
         "_base",
         "_client_prompt",
+        "_codec",
         "_parser",
         "_parts",
         "_pending",
@@ -129,8 +129,10 @@ class FailoverTracker:
         strip_usage: bool = False,
         prompt_tokens: int = 0,
         client_usage: bool = False,
+        codec: JsonCodec = STDLIB_JSON,
     ) -> None:
         self.endpoint = endpoint
+        self._codec = codec
         self.strip_usage = strip_usage
         self.client_usage = client_usage  # the client asked for usage (stream_options.include_usage)
         self._parser = SSEParser()
@@ -170,7 +172,7 @@ class FailoverTracker:
         """The text sent to the client so far."""
         if not self._parts:
             return ""
-        return "".join(orjson.loads("[" + ",".join(self._parts) + "]"))
+        return "".join(self._codec.loads("[" + ",".join(self._parts) + "]"))
 
     def feed(self, chunk: bytes) -> bytes:
         """Consume upstream bytes; return the whole events to forward (possibly rewritten)."""
@@ -216,8 +218,8 @@ class FailoverTracker:
             self.done = True
             return None
         try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
+            obj = self._codec.loads(data)
+        except ValueError:
             self.data_events += 1
             return None
         if not isinstance(obj, dict):
@@ -278,7 +280,7 @@ class FailoverTracker:
             else:
                 piece = choice.get("text")
             if isinstance(piece, str) and piece:
-                self._parts.append(orjson.dumps(piece).decode())
+                self._parts.append(self._codec.dumps(piece).decode())
                 self.produced += 1
                 self.attempt_events += 1
                 keep = True
@@ -321,7 +323,7 @@ class FailoverTracker:
             obj["system_fingerprint"] = self.fingerprint
         if obj.get("usage") is not None and self.usage is not None:
             obj["usage"] = usage_dict(self.usage)
-        return b"data: " + orjson.dumps(obj) + b"\n\n"
+        return b"data: " + self._codec.dumps(obj) + b"\n\n"
 
     # -- continuation ------------------------------------------------------------------------------------
 
@@ -416,10 +418,10 @@ class FailoverTracker:
             self.finish_reason = "length"
             choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
             choice["delta" if self.endpoint == "chat" else "text"] = {} if self.endpoint == "chat" else ""
-            out += b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n"
+            out += b"data: " + self._codec.dumps({**base, "choices": [choice]}) + b"\n\n"
         if include_usage:
             usage = usage_dict(self.final_usage())
-            out += b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n"
+            out += b"data: " + self._codec.dumps({**base, "choices": [], "usage": usage}) + b"\n\n"
         out += b"data: [DONE]\n\n"
         self.done = True
         return bytes(out)

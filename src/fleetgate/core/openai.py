@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-import orjson
-
 from fleetgate.core.errors import InvalidRequestError
+from fleetgate.core.json_codec import STDLIB_JSON, JsonCodec
 from fleetgate.core.sse import DONE_DATA, SSEParser
 from fleetgate.core.tokenize import PromptTokenizer, block_hashes, count_and_hash, count_tokens
 from fleetgate.core.tokenizer import Tokenizer, count_and_hash_chat_ids, count_and_hash_text
@@ -116,7 +115,9 @@ def count_json_values(raw: bytes, limit: int) -> int:
     return count
 
 
-def load_json_body(raw: bytes, limits: RequestLimits | None = None) -> dict[str, Any]:
+def load_json_body(
+    raw: bytes, limits: RequestLimits | None = None, codec: JsonCodec = STDLIB_JSON
+) -> dict[str, Any]:
     """Decode a request body; anything but a JSON object is a 400 (so is one with too many values)."""
     if not raw:
         raise InvalidRequestError("The request body is empty; expected a JSON object.")
@@ -125,8 +126,8 @@ def load_json_body(raw: bytes, limits: RequestLimits | None = None) -> dict[str,
             f"The request body holds more than {limits.max_json_values} JSON values.", code="too_many_values"
         )
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        body = codec.loads(raw)
+    except ValueError as exc:
         raise InvalidRequestError(f"The request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise InvalidRequestError("The request body must be a JSON object.")
@@ -354,11 +355,11 @@ def usage_from_mapping(usage: Any) -> Usage | None:
     return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, image_tokens=image)
 
 
-def usage_from_body(raw: bytes) -> Usage | None:
+def usage_from_body(raw: bytes, codec: JsonCodec = STDLIB_JSON) -> Usage | None:
     """``usage`` of a non-streamed response body (``None`` when it has none or is not JSON)."""
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        body = codec.loads(raw)
+    except ValueError:
         return None
     return usage_from_mapping(body.get("usage")) if isinstance(body, dict) else None
 
@@ -373,9 +374,20 @@ class StreamTracker:
     bytes the engine sent, minus the usage-only chunk the client did not ask for.
     """
 
-    __slots__ = ("_base", "_parser", "_pending", "data_events", "done", "error", "strip_usage", "usage")
+    __slots__ = (
+        "_base",
+        "_codec",
+        "_parser",
+        "_pending",
+        "data_events",
+        "done",
+        "error",
+        "strip_usage",
+        "usage",
+    )
 
-    def __init__(self, *, strip_usage: bool = False) -> None:
+    def __init__(self, *, strip_usage: bool = False, codec: JsonCodec = STDLIB_JSON) -> None:
+        self._codec = codec
         self._parser = SSEParser()
         self.strip_usage = strip_usage
         self._pending = bytearray()
@@ -419,8 +431,8 @@ class StreamTracker:
         if '"usage"' not in data and '"error"' not in data:
             return True
         try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
+            obj = self._codec.loads(data)
+        except ValueError:
             return True
         if not isinstance(obj, dict):
             return True

@@ -14,6 +14,7 @@ import dataclasses
 from fleetgate.core.errors import NotFoundError
 from fleetgate.core.openai import Endpoint, ParsedRequest, RequestLimits, load_json_body, parse_request
 from fleetgate.core.tokenize import PromptTokenizer
+from fleetgate.orjson_codec import ORJSON
 
 #: This worker process's tokenizer (set by ``init``; a worker process holds exactly one).
 _tokenizer: PromptTokenizer | None = None
@@ -39,7 +40,7 @@ def parse_body(raw: bytes, endpoint: Endpoint, limits: RequestLimits, routes: Ro
     Returns the parsed request without ``body`` and ``prompt_text`` (the parent decodes the body itself:
     sending it back would cost the loop more than decoding it).
     """
-    body = load_json_body(raw, limits)
+    body = load_json_body(raw, limits, ORJSON)
     model = body.get("model")
     hashes, salt, block_tokens = False, b"", 16
     if isinstance(model, str) and model:

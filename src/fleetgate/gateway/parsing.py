@@ -32,6 +32,7 @@ from fleetgate.core.openai import Endpoint, ParsedRequest, RequestLimits, load_j
 from fleetgate.core.tokenize import PromptTokenizer
 from fleetgate.gateway import parse_worker
 from fleetgate.gateway.fleet import Deployment, Fleet
+from fleetgate.orjson_codec import ORJSON
 
 log = logging.getLogger("fleetgate.gateway")
 
@@ -78,7 +79,7 @@ class RequestParser:
     async def parse(self, raw: bytes, endpoint: Endpoint, tenant: str) -> tuple[Deployment, ParsedRequest]:
         """Bounded decode, model lookup, then count and hash (in the lane for large bodies)."""
         if len(raw) <= INLINE_BYTES:
-            body = load_json_body(raw, self.limits)
+            body = load_json_body(raw, self.limits, ORJSON)
             deployment = self._deployment(body, endpoint)
             return deployment, self._with_salt(
                 deployment, tenant, self._parse(body, endpoint, tenant, deployment)
@@ -117,7 +118,7 @@ class RequestParser:
             return await loop.run_in_executor(thread, self._parse_raw, raw, endpoint, routes)
 
     def _parse_raw(self, raw: bytes, endpoint: Endpoint, routes: parse_worker.Routes) -> ParsedRequest:
-        body = load_json_body(raw, self.limits)
+        body = load_json_body(raw, self.limits, ORJSON)
         deployment = self._deployment(body, endpoint)
         hashes, salt, _, _ = routes[deployment.model]
         parsed = self._parse_with(body, endpoint, deployment, hashes, salt)

@@ -36,6 +36,7 @@ from aiohttp import web
 from fleetgate.core.errors import FleetgateError, InvalidRequestError, NotFoundError
 from fleetgate.core.openai import ParsedRequest, load_json_body, parse_request
 from fleetgate.core.tokenize import block_hashes, count_tokens, token_pieces
+from fleetgate.orjson_codec import ORJSON
 from fleetgate.simengine.driver import EngineDriver, Live
 from fleetgate.simengine.faults import NO_FAULT, Fault, fault_from_json
 from fleetgate.simengine.metrics import EngineMetrics, ServerCounters
@@ -206,7 +207,7 @@ class SimEngine:
 
     async def _post_fault(self, request: web.Request) -> web.Response:
         try:
-            fault = fault_from_json(load_json_body(await request.read()))
+            fault = fault_from_json(load_json_body(await request.read(), codec=ORJSON))
         except FleetgateError as exc:
             return _error_response(exc)
         self.set_fault(fault)
@@ -371,7 +372,7 @@ class SimEngine:
         arrival = driver.now()
         seq = next(self._ids)
         try:
-            prep = self._prepare(load_json_body(await request.read()), endpoint, seq)
+            prep = self._prepare(load_json_body(await request.read(), codec=ORJSON), endpoint, seq)
         except FleetgateError as exc:
             return _error_response(exc)
         self.counters.requests_received += 1
