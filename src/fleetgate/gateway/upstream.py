@@ -36,6 +36,7 @@ from fleetgate.gateway.continuation import PATHS, ClientGoneError, Collector, Co
 from fleetgate.gateway.errors import REQUEST_ID_HEADER, sse_error_event, upstream_rejection
 from fleetgate.gateway.fleet import Deployment, ReplicaState
 from fleetgate.gateway.metrics import GatewayMetrics
+from fleetgate.orjson_codec import ORJSON
 
 log = logging.getLogger("fleetgate.gateway")
 
@@ -125,9 +126,10 @@ class UpstreamRelay:
                 strip_usage=strip,
                 prompt_tokens=parsed.input_tokens,
                 client_usage=parsed.include_usage or collect,
+                codec=ORJSON,
             )
         else:
-            tracker = StreamTracker(strip_usage=strip)
+            tracker = StreamTracker(strip_usage=strip, codec=ORJSON)
         first = b""
         answering = False  # the engine's answer started: a failure from here on is not retried
         try:
@@ -149,7 +151,7 @@ class UpstreamRelay:
                         answering = True
                         raw = await self._read_body_limited(upstream, replica)
                         call.ok = call.ran = True
-                        call.usage = usage_from_body(raw)
+                        call.usage = usage_from_body(raw, ORJSON)
                         ctype = upstream.headers.get("Content-Type", "application/json")
                         return web.Response(
                             body=raw,
