@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
+from health_tools import FAST
 from prometheus_client import CollectorRegistry
 
 from fleetgate.core.health import HealthPolicy, Transition
@@ -81,16 +82,6 @@ def _monitor(prov: LocalProcessProvider, reg: CollectorRegistry, policy: HealthP
         scrape_interval_s=1.0,
         initial_state=HealthState.STARTING,
     )
-
-
-FAST = HealthPolicy(
-    probe_idle_s=1.0,
-    probe_timeout_s=1.0,
-    suspect_probe_interval_s=0.3,
-    progress_grace_s=2.0,
-    starting_probe_interval_s=0.2,
-    startup_timeout_s=30.0,
-)
 
 
 async def test_hang_with_real_defaults(provider: LocalProcessProvider) -> None:

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 from engine_http import MODEL
+from health_tools import FAST, closed_loop_client
 from prometheus_client import CollectorRegistry
 
 from fleetgate.core.health import HealthPolicy
@@ -42,14 +43,6 @@ from real_engines import need_llama
 SOAK_S = float(os.environ.get("FLEETGATE_SOAK_S", "30"))
 pytestmark = pytest.mark.timeout(int(SOAK_S) + 150)
 
-FAST = HealthPolicy(
-    probe_idle_s=1.0,
-    probe_timeout_s=1.0,
-    suspect_probe_interval_s=0.3,
-    progress_grace_s=2.0,
-    starting_probe_interval_s=0.2,
-    startup_timeout_s=30.0,
-)
 LLAMACPP = dialect("llamacpp")
 
 _PTRACE_SEIZE, _PTRACE_INTERRUPT, _PTRACE_DETACH = 0x4206, 0x4207, 17
@@ -230,21 +223,7 @@ SLOTS = 4
 PER_REPLICA = 5  # 125 % of the slots: a waiting queue at all times (llama.cpp defers the excess)
 
 
-async def _client(
-    session: aiohttp.ClientSession, mon: HealthMonitor, name: str, url: str, stop: asyncio.Event
-) -> int:
-    done = 0
-    body = {"model": MODEL, "prompt": "word " * 600, "max_tokens": 96}
-    while not stop.is_set():
-        try:
-            async with session.post(url + "/v1/completions", json=body) as r:
-                await r.read()
-                mon.observe_request(name, r.status < 500)
-                done += r.status == 200
-        except aiohttp.ClientError:
-            mon.observe_request(name, False)
-            await asyncio.sleep(0.1)
-    return done
+BODY = {"model": MODEL, "prompt": "word " * 600, "max_tokens": 96}
 
 
 async def test_overload_soak_has_no_false_kills(provider: LocalProcessProvider) -> None:
@@ -261,7 +240,7 @@ async def test_overload_soak_has_no_false_kills(provider: LocalProcessProvider) 
         await mon.start()
         await _wait(lambda: all(mon.state(n) == HealthState.HEALTHY for n in reps), 30)
         clients = [
-            asyncio.create_task(_client(session, mon, name, url, stop))
+            asyncio.create_task(closed_loop_client(session, mon, name, url, stop, BODY))
             for name, url in reps.items()
             for _ in range(PER_REPLICA)
         ]

@@ -19,6 +19,7 @@ import time
 
 import aiohttp
 import pytest
+from health_tools import closed_loop_client
 from prometheus_client import CollectorRegistry
 
 from fleetgate.core.health import HealthPolicy
@@ -34,21 +35,7 @@ SLOTS = 4
 PER_REPLICA = 5  # 125 % of the slots: a waiting queue at all times
 
 
-async def _client(
-    session: aiohttp.ClientSession, mon: HealthMonitor, name: str, url: str, stop: asyncio.Event
-) -> int:
-    done = 0
-    body = {"model": MODEL, "prompt": "word " * 1500, "max_tokens": 200}
-    while not stop.is_set():
-        try:
-            async with session.post(url + "/v1/completions", json=body) as r:
-                await r.read()
-                mon.observe_request(name, r.status < 500)
-                done += r.status == 200
-        except aiohttp.ClientError:
-            mon.observe_request(name, False)
-            await asyncio.sleep(0.1)
-    return done
+BODY = {"model": MODEL, "prompt": "word " * 1500, "max_tokens": 200}
 
 
 async def test_overload_soak_has_no_false_kills() -> None:
@@ -75,7 +62,7 @@ async def test_overload_soak_has_no_false_kills() -> None:
         failed_probes = 0
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             clients = [
-                asyncio.create_task(_client(session, mon, name, url, stop))
+                asyncio.create_task(closed_loop_client(session, mon, name, url, stop, BODY))
                 for name, url in reps.items()
                 for _ in range(PER_REPLICA)
             ]

@@ -15,7 +15,7 @@ the extra replica seconds over the image tokens the engine reports is what an im
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,6 +48,23 @@ class CacheMeasurement:
         }
 
 
+async def _saturated(
+    probe: EngineProbe,
+    shape: Shape,
+    counter: Callable[[], float],
+    ladder: Sequence[int],
+    requests_per_worker: int,
+    min_requests: int,
+) -> tuple[LevelResult, float]:
+    """The best level of a saturated run of ``shape`` and how much ``counter`` grew per request sent."""
+    before = counter()
+    sat = await probe.saturate(
+        lambda _i: shape, ladder, requests_per_worker=requests_per_worker, min_requests=min_requests
+    )
+    sent = sum(lv.requests for lv in sat.levels)
+    return sat.best, (counter() - before) / max(sent, 1)
+
+
 async def measure_prefix_cache(
     engine: str,
     model: str,
@@ -76,14 +93,11 @@ async def measure_prefix_cache(
         cached_shape = Shape(words - shared, output_tokens, shared_words=shared)
         await probe.send(cached_shape)  # the first request puts the shared prefix into the cache
 
-        async def run(shape: Shape) -> tuple[LevelResult, float]:
+        def run(shape: Shape) -> Awaitable[tuple[LevelResult, float]]:
             """The saturated run of ``shape`` and the cached prompt tokens per request it saw."""
-            before = probe.cached_tokens
-            sat = await probe.saturate(
-                lambda _i: shape, ladder, requests_per_worker=requests_per_worker, min_requests=min_requests
+            return _saturated(
+                probe, shape, lambda: probe.cached_tokens, ladder, requests_per_worker, min_requests
             )
-            sent = sum(lv.requests for lv in sat.levels)
-            return sat.best, (probe.cached_tokens - before) / max(sent, 1)
 
         cold, _ = await run(cold_shape)
         cached, hit_tokens = await run(cached_shape)
@@ -149,13 +163,10 @@ async def measure_image_cost(
         )
         words = await probe.words_for(input_tokens)
 
-        async def run(shape: Shape) -> tuple[LevelResult, float]:
-            before = probe.image_tokens
-            sat = await probe.saturate(
-                lambda _i: shape, ladder, requests_per_worker=requests_per_worker, min_requests=min_requests
+        def run(shape: Shape) -> Awaitable[tuple[LevelResult, float]]:
+            return _saturated(
+                probe, shape, lambda: probe.image_tokens, ladder, requests_per_worker, min_requests
             )
-            sent = sum(lv.requests for lv in sat.levels)
-            return sat.best, (probe.image_tokens - before) / max(sent, 1)
 
         text, _ = await run(Shape(words, output_tokens))
         image, image_tokens = await run(Shape(words, output_tokens, images=1))
