@@ -16,7 +16,6 @@ rails (``rails.Rails.apply``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,11 +130,3 @@ class KpaAutoscaler(PluginParams):
         if isinstance(state, KpaState):
             return context_summary(ctx, state.reason, state.panic)
         return context_summary(ctx)
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> KpaAutoscaler:
-        params = dict(params)
-        unknown = sorted(set(params) - set(cls.model_fields))
-        if unknown:
-            raise ValueError(f"unknown kpa autoscaler parameter(s): {', '.join(unknown)}")
-        return cls.model_validate(params)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,11 +55,3 @@ class StaticAutoscaler:
 
     def summary(self, ctx: AutoscaleContext, state: Any) -> AutoscaleSummary:
         return context_summary(ctx)
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> StaticAutoscaler:
-        params = dict(params)
-        unknown = sorted(set(params) - set(StaticParams.model_fields))
-        if unknown:
-            raise ValueError(f"unknown static autoscaler parameter(s): {', '.join(unknown)}")
-        return cls(replicas=StaticParams.model_validate(params).count())
