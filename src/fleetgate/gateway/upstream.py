@@ -109,10 +109,7 @@ class UpstreamRelay:
         headers = {**deployment.upstream_headers, REQUEST_ID_HEADER: request_id}
         # failover.non_stream: a plain-text non-streamed request is streamed from the engine and answered
         # in one body, so that a failure mid-generation can be continued like a stream
-        refusal = None
-        if parsed.stream or deployment.config.failover.non_stream:
-            refusal = self._failover_refusal(parsed, deployment)  # once: it also decides ``collect``
-        collect = not parsed.stream and refusal is None and self._collects(parsed, deployment)
+        collect = not parsed.stream and self._collects(parsed, deployment)
         if collect:
             body = call.body = orjson.dumps(
                 {**orjson.loads(body), "stream": True, "stream_options": {"include_usage": True}}
@@ -122,7 +119,7 @@ class UpstreamRelay:
         # answer arrives whole (vLLM sends its headers with the body), so it gets the separate total limit.
         timeout_s = self.config.first_byte_timeout_s if stream else self.config.non_stream_timeout_s
         tracker: StreamTracker | FailoverTracker
-        call.refusal = refusal if stream else None
+        call.refusal = self._failover_refusal(parsed, deployment) if stream else None
         if stream and call.refusal is None:
             tracker = FailoverTracker(
                 parsed.endpoint,
@@ -197,10 +194,14 @@ class UpstreamRelay:
 
     def _collects(self, parsed: ParsedRequest, deployment: Deployment) -> bool:
         """Whether a non-streamed request is streamed from the engine (``failover.non_stream``): plain
-        text only (the caller checked the failover refusal), and no tools (a non-streamed tool call would
-        have to be reassembled from deltas)."""
+        text only, and no tools (a non-streamed tool call would have to be reassembled from deltas)."""
         body = parsed.body
-        return deployment.config.failover.non_stream and not body.get("tools") and not body.get("functions")
+        return (
+            deployment.config.failover.non_stream
+            and self._failover_refusal(parsed, deployment) is None
+            and not body.get("tools")
+            and not body.get("functions")
+        )
 
     async def _collect(
         self,
