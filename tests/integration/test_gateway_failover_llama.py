@@ -93,6 +93,10 @@ def test_llama_replica_crash_and_sim_stall_mid_stream_are_continued(
         deployment={"failover": {"timeout_s": 2.0, "max_continuations": 3}},
         stream_idle_timeout_s=1.0,
         connect_timeout_s=0.5,
+        # a request still held at the gateway when the stall starts may be sent to the stalled engine, which
+        # then sends no headers at all: it is retried elsewhere after this (the default, 120 s, outlasts the
+        # client's patience)
+        first_byte_timeout_s=3.0,
     )
 
     async def run() -> list[dict[str, Any]]:
