@@ -34,6 +34,7 @@ class ServerCounters:
     """Counters kept by the HTTP shell (the model keeps the engine's own)."""
 
     requests_received: int = 0
+    probes_received: int = 0  # of those, the gateway's health probes (``X-Fleetgate-Probe``)
     requests_cancelled: int = 0
     errors_injected: int = 0
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))

@@ -233,6 +233,7 @@ class SimEngine:
             },
             "server": {
                 "requests_received": self.counters.requests_received,
+                "probes_received": self.counters.probes_received,
                 "requests_cancelled": self.counters.requests_cancelled,
                 "errors_injected": self.counters.errors_injected,
                 "in_flight": len(self.driver.live),
@@ -376,6 +377,8 @@ class SimEngine:
         except FleetgateError as exc:
             return _error_response(exc)
         self.counters.requests_received += 1
+        if "X-Fleetgate-Probe" in request.headers:
+            self.counters.probes_received += 1
         fault = self._fault
         if fault.kind == "error_rate" and self._rng.random() < (fault.value or 0.0):
             self.counters.errors_injected += 1
