@@ -388,31 +388,3 @@ async def test_in_cluster_config_over_tls(service_account: Path) -> None:
         await runner.cleanup()
     with pytest.raises(RuntimeError, match="KUBERNETES_SERVICE_HOST"):
         KubernetesProvider.in_cluster(deployment="e", service="e", sa_dir=tmp_path, env={})
-
-
-def test_manifests_parse_and_match_the_code() -> None:
-    """deploy/k8s: valid YAML, engine probes present, KEDA reads a gauge the autoscaler loop exports."""
-    import yaml
-    from prometheus_client import CollectorRegistry
-
-    from fleetgate.autoscaler import AutoscalerMetrics
-
-    root = Path(__file__).parent.parent.parent / "deploy" / "k8s"
-    docs: dict[tuple[str, str], dict[str, Any]] = {}
-    for f in sorted(root.glob("*.yaml")):
-        for d in yaml.safe_load_all(f.read_text()):
-            if d:
-                docs[(d["kind"], d.get("metadata", {}).get("name", f.name))] = d
-    engine = docs[("Deployment", "engine")]["spec"]["template"]["spec"]["containers"][0]
-    assert {"startupProbe", "readinessProbe", "livenessProbe"} <= set(engine)
-    assert "--scheduling-policy=priority" in engine["args"]
-    role = docs[("Role", "fleetgate")]
-    resources = {r for rule in role["rules"] for r in rule["resources"]}
-    assert {"deployments/scale", "endpointslices", "pods"} <= resources
-    reg = CollectorRegistry()
-    AutoscalerMetrics(reg)
-    exported = {m.name for m in reg.collect()}
-    so = docs[("ScaledObject", "engine")]
-    query = so["spec"]["triggers"][0]["metadata"]["query"]
-    assert any(name in query for name in exported), query
-    assert so["spec"]["scaleTargetRef"]["name"] == "engine"
