@@ -62,6 +62,16 @@ ReportOpt = Annotated[
     Path | None, typer.Option("--report", help="Write Markdown + PNG plots into this folder.")
 ]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
+ScenarioOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--scenario", help="Capacity scenario YAML: one GPU pool, several deployments (docs/capacity.md)."
+    ),
+]
+CapacityOpt = Annotated[
+    str,
+    typer.Option("--capacity", help="With --scenario: fleetgate (pool allocator), static or independent."),
+]
 
 
 def _options(**kw: Any) -> Any:
@@ -161,9 +171,15 @@ def simulate(
     json_out: JsonOpt = None,
     report: ReportOpt = None,
     progress: ProgressOpt = True,
+    scenario: ScenarioOpt = None,
+    capacity: CapacityOpt = "fleetgate",
 ) -> None:
-    """Simulate a fleet on a trace with one routing policy (and optionally an autoscaler)."""
+    """Simulate a fleet on a trace with one routing policy (and optionally an autoscaler); with --scenario,
+    several deployments sharing one GPU pool (fluid mode) under --capacity."""
     if ctx.invoked_subcommand is not None:
+        return
+    if scenario is not None:
+        _run_capacity(scenario, capacity, json_out, progress)
         return
     if trace is None:
         typer.echo(ctx.get_help())
@@ -249,6 +265,32 @@ def compare(
     if report is not None:
         write_report(report, results, summaries, f"fleetgate simulate compare: {trace}", _cmdline())
     typer.echo(table)
+
+
+def _run_capacity(scenario: Path, capacity: str, json_out: Path | None, progress: bool) -> None:
+    """``--scenario``: the capacity simulation (``sim.capacity``); its JSON to stdout and ``--json``."""
+    from fleetgate.sim.capacity import run_scenario
+    from fleetgate.sim.capacity_scenario import CAPACITY_MODES, ScenarioError, load_scenario
+    from fleetgate.sim.runner import json_dumps
+
+    if capacity not in CAPACITY_MODES:
+        typer.echo(f"error: --capacity {capacity!r}: one of {', '.join(CAPACITY_MODES)}", err=True)
+        raise typer.Exit(2)
+    try:
+        sc = load_scenario(scenario)
+        summary = _with_progress(
+            progress,
+            capacity,
+            lambda cb: run_scenario(sc, capacity, scenario_dir=scenario.parent, progress=cb),
+        )
+    except (ScenarioError, FileNotFoundError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    data = json_dumps(summary)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_bytes(data + b"\n")
+    typer.echo(data.decode())
 
 
 def _cmdline() -> str:
