@@ -99,7 +99,12 @@ class DeploymentConfig(_Strict):
     cost_profile: str | None = Field(
         default=None, description="Cost profile name or JSON path (model units); default profile if unset."
     )
-    capacity_mu_per_min: float = Field(default=100.0, gt=0, description="MU one replica serves per minute.")
+    capacity_mu_per_min: float | None = Field(
+        default=None,
+        gt=0,
+        description="MU one replica serves per minute (its pool floors, autoscaler and admission capacity). "
+        "Unset: its cost profile's `capacity_mu_per_min` (100 for the bundled profiles).",
+    )
     pool: str | None = Field(
         default=None,
         description="GPU pool (`pools[].name`) its replicas run in; its reservations must fit there "

@@ -142,6 +142,7 @@ def pool_problems(cfg: FleetgateConfig) -> list[str]:
     backing the reservations sold on their deployments) need more GPUs than they have: one line per pool
     with the shortfall in GPUs and in MU/min (what the pool's GPUs cannot back at this mix)."""
     from fleetgate.core.capacity import floor_replicas
+    from fleetgate.profiles import replica_capacity_mu_per_min
 
     problems: list[str] = []
     pools: dict[str, int] = {}
@@ -170,10 +171,14 @@ def pool_problems(cfg: FleetgateConfig) -> list[str]:
                 f"{dep.pool!r} ({cfg.pools[k].gpus} GPUs)"
             )
         mu = sold.get(dep.model, 0.0)
+        try:
+            per_replica = replica_capacity_mu_per_min(dep)
+        except (ValueError, OSError, TypeError, KeyError):
+            continue  # an unreadable cost profile is reported by config_problems
         target = reservation_target_utilisation(cfg, dep)
         targets[k].add(target)
-        need_gpus[k] += floor_replicas(mu, dep.capacity_mu_per_min, target) * dep.gpus_per_replica
-        exact_gpus[k] += mu * dep.gpus_per_replica / (dep.capacity_mu_per_min * target)
+        need_gpus[k] += floor_replicas(mu, per_replica, target) * dep.gpus_per_replica
+        exact_gpus[k] += mu * dep.gpus_per_replica / (per_replica * target)
         sold_mu[k] += mu
     for k, pool in enumerate(cfg.pools):
         if need_gpus[k] <= pool.gpus:

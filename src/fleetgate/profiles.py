@@ -9,8 +9,12 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleetgate.core.units import DEFAULT_PROFILE, CostProfile
+
+if TYPE_CHECKING:
+    from fleetgate.config import DeploymentConfig
 
 _PROFILE_DIR = "profiles"
 
@@ -39,3 +43,20 @@ def load_profile(name_or_path: str | None) -> CostProfile:
     except json.JSONDecodeError as exc:
         raise ValueError(f"cost profile {name_or_path!r} is not valid JSON: {exc}") from exc
     return CostProfile.from_dict(data)
+
+
+def deployment_profile(dep: DeploymentConfig) -> CostProfile:
+    """The deployment's cost profile, renormalised to its ``capacity_mu_per_min`` when that is set (unset:
+    the profile's own per-replica MU/min is the deployment's)."""
+    profile = load_profile(dep.cost_profile)
+    wanted = dep.capacity_mu_per_min
+    if wanted is not None and wanted != profile.capacity_mu_per_min:
+        profile = profile.with_capacity(wanted)
+    return profile
+
+
+def replica_capacity_mu_per_min(dep: DeploymentConfig) -> float:
+    """MU/min one replica of ``dep`` serves: ``capacity_mu_per_min`` if set, else its cost profile's."""
+    if dep.capacity_mu_per_min is not None:
+        return dep.capacity_mu_per_min
+    return load_profile(dep.cost_profile).capacity_mu_per_min

@@ -402,7 +402,7 @@ def _autoscaler_loop(
         meter=meter,
         counts=provider_counts(provider, routable),
         target=provider,
-        capacity_mu_per_min=deployment.config.capacity_mu_per_min,
+        capacity_mu_per_min=deployment.profile.capacity_mu_per_min,
         registry=metrics.registry,
         interval_s=interval_s,
         clock=clock,

@@ -17,7 +17,7 @@ from fleetgate.config import DeploymentConfig, FleetgateConfig, GatewayConfig, l
 from fleetgate.control import up_config
 from fleetgate.core.units import DEFAULT_PROFILE
 from fleetgate.gateway.fleet import build_deployment
-from fleetgate.profiles import load_profile
+from fleetgate.profiles import load_profile, replica_capacity_mu_per_min
 from fleetgate.providers.base import ReplicaInfo
 from fleetgate.runtime import SIM_COST_PROFILE, build_gateway
 
@@ -203,11 +203,11 @@ def test_example_tenants_reserve_half_the_embedded_fleet() -> None:
     full = up_config(cfg, "fleetgate-sim", len(infos))
     deployment = full.deployment("fleetgate-sim")
     assert deployment is not None and deployment.cost_profile == SIM_COST_PROFILE
-    fleet_capacity = deployment.capacity_mu_per_min * len(infos)
+    fleet_capacity = replica_capacity_mu_per_min(deployment) * len(infos)
     gold = next(t for t in full.tenants if t.name == "gold")
     assert gold.reserved_mu_per_min["fleetgate-sim"] == pytest.approx(fleet_capacity / 2)
     # a replica's MU budget matches what the profile says one simulated replica serves
-    assert load_profile(SIM_COST_PROFILE).capacity_mu_per_min == deployment.capacity_mu_per_min
+    assert load_profile(SIM_COST_PROFILE).capacity_mu_per_min == replica_capacity_mu_per_min(deployment)
 
 
 def test_health_checks_default_on_and_engine_priority_default_off() -> None:

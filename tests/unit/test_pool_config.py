@@ -120,3 +120,24 @@ def test_the_real_cli_accepts_a_pool_that_fits(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "ok: 3 deployment(s)" in proc.stdout
+
+
+def test_per_replica_capacity_falls_back_to_the_cost_profile(tmp_path: Path) -> None:
+    """Without ``capacity_mu_per_min`` a deployment's replicas serve what its cost profile says (here 200
+    MU/min per replica: half the replicas of the default profile's 100), with it the value written."""
+    from fleetgate.gateway.fleet import build_deployment
+    from fleetgate.profiles import replica_capacity_mu_per_min
+
+    profile = tmp_path / "big.json"
+    profile.write_text('{"name": "big", "alpha": 0.001, "beta": 0.01, "capacity_mu_per_min": 200}')
+    doc = _cfg(17, {"chat": 700.0, "code": 200.0})
+    chat = doc["deployments"][0]  # type: ignore[index]
+    chat["cost_profile"] = str(profile)
+    # chat: 750 MU/min at 200 per replica, target 0.7 -> 6 replicas; code 3 x 2 GPUs: 12 GPUs
+    cfg = parse_config({**doc, "pools": [{"name": "h100", "gpus": 12}]})
+    assert replica_capacity_mu_per_min(cfg.deployments[0]) == 200.0
+    assert replica_capacity_mu_per_min(cfg.deployments[1]) == 100.0  # the default profile's
+    assert build_deployment(cfg.deployments[0]).profile.capacity_mu_per_min == 200.0
+    chat["capacity_mu_per_min"] = 150.0  # written: wins over the profile (750 / 105 -> 8, + 6 GPUs)
+    with pytest.raises(ConfigError, match=r"need 14 GPUs at target utilisation 0\.7, it has 12"):
+        parse_config({**doc, "pools": [{"name": "h100", "gpus": 12}]})

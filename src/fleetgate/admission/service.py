@@ -56,6 +56,7 @@ from fleetgate.core.errors import FleetgateError, RateLimitError, ServiceUnavail
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage
 from fleetgate.gateway.admission import AdmissionHooks, TenantSummary
 from fleetgate.gateway.ratelimit import decision_headers
+from fleetgate.profiles import replica_capacity_mu_per_min
 from fleetgate.stores import AdmissionStore, StoreUnavailableError, build_store
 
 log = logging.getLogger("fleetgate.admission")
@@ -177,7 +178,9 @@ class AdmissionService(AdmissionHooks):
         if clock is None:
             shared_wall_clock = adm.store.kind == "redis" and not adm.store.server_time
             clock = time.time if shared_wall_clock else time.monotonic
-        capacities = {d.model: d.capacity_mu_per_min * len(d.replicas) for d in cfg.deployments if d.replicas}
+        capacities = {
+            d.model: replica_capacity_mu_per_min(d) * len(d.replicas) for d in cfg.deployments if d.replicas
+        }
         return cls(
             TenantDirectory.from_config(cfg.tenants, adm.admin_api_keys),
             store or build_store(adm.store),

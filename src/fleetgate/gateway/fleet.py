@@ -27,7 +27,7 @@ from fleetgate.core.units import CostProfile
 from fleetgate.engines.dialects import dialect
 from fleetgate.engines.metrics import EngineSignals
 from fleetgate.hf_tokenizer import load_tokenizer
-from fleetgate.profiles import load_profile
+from fleetgate.profiles import deployment_profile
 
 log = logging.getLogger("fleetgate.gateway")
 
@@ -137,7 +137,7 @@ class Deployment:
                 name=name,
                 url=url.rstrip("/"),
                 deployment=self.model,
-                capacity_mu_per_min=self.config.capacity_mu_per_min,
+                capacity_mu_per_min=self.profile.capacity_mu_per_min,
             )
             self.replicas[name] = state
         else:
@@ -170,9 +170,7 @@ def build_deployment(
 ) -> Deployment:
     """A deployment with its cost profile loaded and its routing policy built by name, estimating with that
     profile (``history`` and ``observers``: see ``Deployment``)."""
-    profile = load_profile(config.cost_profile)
-    if profile.capacity_mu_per_min != config.capacity_mu_per_min:
-        profile = profile.with_capacity(config.capacity_mu_per_min)
+    profile = deployment_profile(config)  # capacity_mu_per_min, else the profile's own
     policy = build_policy(config.routing.policy, config.routing.params, profile=profile)
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
     return Deployment(config, policy, profile, history=history, observers=observers, tokenizer=tokenizer)
