@@ -551,6 +551,12 @@ class PoolConfig(_Strict):
 
     name: str = Field(min_length=1, description="Pool name deployments refer to (`deployments[].pool`).")
     gpus: int = Field(ge=1, description="GPUs in the pool.")
+    reclaim_after_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Under `fleetgate serve`: a deployment below its fair share of the pool this long "
+        "reclaims replicas (drained first) from those above theirs; floors never wait.",
+    )
 
 
 class FleetgateConfig(_Strict):

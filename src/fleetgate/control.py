@@ -14,10 +14,14 @@ from typing import Any
 
 import yaml
 
+from fleetgate.capacity_loop import PoolMemberPlan, PoolPlan
 from fleetgate.config import ConfigError, DeploymentConfig, FleetgateConfig
+from fleetgate.config_checks import reservation_target_utilisation
 from fleetgate.config_control import DEFAULT_REMEDIATION, KubernetesProviderConfig, LocalProviderConfig
 from fleetgate.core.autoscale import ReportingAutoscaler, autoscaler_from
+from fleetgate.core.capacity import AllocatorParams
 from fleetgate.engines.dialects import dialect
+from fleetgate.profiles import replica_capacity_mu_per_min
 from fleetgate.providers.base import ChangeListener, DrainHook, ReplicaProvider
 from fleetgate.providers.kubernetes_config import connect as kubernetes_connect
 from fleetgate.providers.kubernetes_replicas import KubernetesReplicaProvider
@@ -40,6 +44,12 @@ class ControlPlane:
     remediate: set[str] = field(default_factory=set)
     #: replicas each provider is asked for before the gateway listens
     initial: dict[str, int] = field(default_factory=dict)
+    #: GPU pools whose allocator sizes their deployments (``capacity_loop``); their autoscalers only decide
+    pools: list[PoolPlan] = field(default_factory=list)
+
+    def pooled(self) -> set[str]:
+        """Deployments the pool loops scale (their autoscaler loops must not)."""
+        return {m.model for plan in self.pools for m in plan.members}
 
 
 def remediation(dep: DeploymentConfig) -> str:
@@ -118,7 +128,58 @@ def control_plane(cfg: FleetgateConfig) -> ControlPlane:
             plane.autoscalers[dep.model] = autoscaler_from(dep.autoscaler)
         if remediation(dep) != "none":
             plane.remediate.add(dep.model)
+    plane.pools = pool_plans(cfg)
+    sold = sold_from_config(cfg)
+    for plan in plane.pools:  # what each starts with: floors first, within its pool
+        plane.initial.update({m: n for m, n in plan.initial(sold).items() if m in plane.initial})
     return plane
+
+
+# -- GPU pools (issue 18): the allocator's inputs from the config; the loop is ``capacity_loop`` -----------
+
+
+def sold_from_config(cfg: FleetgateConfig) -> dict[str, float]:
+    """MU/min the configured tenants reserved, per deployment."""
+    sold: dict[str, float] = {}
+    for tenant in cfg.tenants:
+        for model, mu in tenant.reserved_mu_per_min.items():
+            sold[model] = sold.get(model, 0.0) + mu
+    return sold
+
+
+def pool_plans(cfg: FleetgateConfig) -> list[PoolPlan]:
+    """Every pool with the deployments whose provider the gateway scales (local, kubernetes); the GPUs of
+    a static replica list in the pool are taken off its size."""
+    plans = []
+    for pool in cfg.pools:
+        members: list[PoolMemberPlan] = []
+        static_gpus = 0
+        for dep in cfg.deployments:
+            if dep.pool != pool.name:
+                continue
+            if dep.provider.kind == "static":
+                static_gpus += len(dep.replicas) * dep.gpus_per_replica
+                continue
+            local = dep.provider if isinstance(dep.provider, LocalProviderConfig) else None
+            members.append(
+                PoolMemberPlan(
+                    model=dep.model,
+                    gpus_per_replica=dep.gpus_per_replica,
+                    capacity_mu_per_min=replica_capacity_mu_per_min(dep),
+                    target_utilisation=reservation_target_utilisation(cfg, dep),
+                    replicas=None if local is None else local.replicas,
+                )
+            )
+        if members:
+            plans.append(
+                PoolPlan(
+                    name=pool.name,
+                    gpus=max(0, pool.gpus - static_gpus),
+                    members=tuple(members),
+                    params=AllocatorParams(reclaim_after_s=pool.reclaim_after_s),
+                )
+            )
+    return plans
 
 
 def up_config(cfg: FleetgateConfig, model: str, replicas: int | None = None) -> FleetgateConfig:

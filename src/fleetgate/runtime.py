@@ -8,7 +8,9 @@ processes). No singletons: each call builds a fresh, independent set of objects.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import math
 import random
 import signal
 import sys
@@ -18,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from fleetgate.autoscaler import AutoscalerLoop, provider_counts
+from fleetgate.autoscaler import AutoscalerLoop, AutoscalerMetrics, provider_counts
+from fleetgate.capacity_loop import PoolLoop, PoolPlan, pool_loops
 from fleetgate.config import ConfigError, FleetgateConfig
 from fleetgate.control import SIM_COST_PROFILE, ProviderFactory, control_plane, up_config, with_local_defaults
 from fleetgate.core.autoscale import ReportingAutoscaler
@@ -132,6 +135,7 @@ class Gateway:
         monitors: Mapping[str, HealthMonitor],
         providers: Mapping[str, ReplicaProvider],
         autoscalers: Mapping[str, AutoscalerLoop],
+        pools: Mapping[str, PoolLoop] | None = None,
     ) -> None:
         self.config = config
         self.server = server
@@ -142,6 +146,8 @@ class Gateway:
         self.monitors = monitors
         self.providers = providers
         self.autoscalers = autoscalers
+        #: GPU pool loops by pool name (``capacity_loop``): they scale their deployments' providers
+        self.pools: Mapping[str, PoolLoop] = pools or {}
 
     @property
     def app(self) -> web.Application:
@@ -173,6 +179,7 @@ def build_gateway(
     autoscale_interval_s: float = 1.0,
     observers: Sequence[LifecycleObserver] = (),
     remediate: Collection[str] | None = None,
+    pools: Sequence[PoolPlan] = (),
 ) -> Gateway:
     """Every gateway object, wired: fleet, upstream client, metrics, admission, health monitors, replica
     providers, autoscaler loops, ops, proxy, app, scraper.
@@ -183,6 +190,7 @@ def build_gateway(
     deployment's hung or crashed replicas (``remediate``: the models whose provider does; default: every
     one with a provider). ``autoscalers[model]`` scales such a deployment through it.
     ``observers`` see every request's dispatch, first token and completion (``core.lifecycle``).
+    ``pools``: GPU pools whose allocator scales their deployments (their autoscalers only decide).
     """
     gw = cfg.gateway
     rng = rng if rng is not None else random.Random()
@@ -236,12 +244,29 @@ def build_gateway(
         remediators = {m: p for m, p in built.items() if remediate is None or m in remediate}
         monitors.update(_health_monitors(fleet, metrics.registry, remediators))
 
+    pooled = {m.model for plan in pools for m in plan.members}
+    scale_metrics = AutoscalerMetrics(metrics.registry) if autoscalers else None  # one set for all loops
     loops = {
         model: _autoscaler_loop(
-            fleet.get(model), built[model], autoscaler, metrics, clock, autoscale_interval_s
+            fleet.get(model),
+            built[model],
+            autoscaler,
+            scale_metrics,
+            clock,
+            autoscale_interval_s,
+            apply=model not in pooled,
         )
         for model, autoscaler in (autoscalers or {}).items()
     }
+    pool_loops_ = pool_loops(
+        pools,
+        built,
+        {model: functools.partial(_desired, loop) for model, loop in loops.items()},
+        functools.partial(_sold, gate),
+        registry=metrics.registry,
+        interval_s=autoscale_interval_s,
+        clock=clock,
+    )
     ops = Ops(cfg.ops, fleet=fleet, admission=gate, clock=clock, autoscalers=loops)
     proxy = Proxy(
         config=gw,
@@ -292,6 +317,8 @@ def build_gateway(
         server.add_service(f"health-{model}", monitor.start, monitor.stop)
     for model, loop in loops.items():
         server.add_service(f"autoscaler-{model}", loop.start, loop.stop)
+    for name, pool in pool_loops_.items():
+        server.add_service(f"pool-{name}", pool.start, pool.stop)
     return Gateway(
         config=cfg,
         server=server,
@@ -302,7 +329,17 @@ def build_gateway(
         monitors=monitors,
         providers=built,
         autoscalers=loops,
+        pools=pool_loops_,
     )
+
+
+def _desired(loop: AutoscalerLoop) -> int | None:
+    return loop.desired
+
+
+def _sold(admission: Admission, model: str) -> float:
+    """MU/min reserved on ``model`` by the tenants admission knows now (run-time changes included)."""
+    return math.fsum(t.reserved_mu_per_min.get(model, 0.0) for t in admission.tenant_summaries())
 
 
 class _KeyTargets(KeySink):
@@ -383,9 +420,11 @@ def _autoscaler_loop(
     deployment: Deployment,
     provider: ReplicaProvider,
     autoscaler: ReportingAutoscaler,
-    metrics: GatewayMetrics,
+    metrics: AutoscalerMetrics | None,
     clock: Callable[[], float],
     interval_s: float,
+    *,
+    apply: bool = True,
 ) -> AutoscalerLoop:
     """Autoscale ``deployment`` through ``provider`` (``fleetgate.autoscaler.AutoscalerLoop``); the
     deployment's lifecycle feeds its ``DemandMeter`` (MU started / settled)."""
@@ -403,8 +442,9 @@ def _autoscaler_loop(
         counts=provider_counts(provider, routable),
         target=provider,
         capacity_mu_per_min=deployment.profile.capacity_mu_per_min,
-        registry=metrics.registry,
+        metrics=metrics,
         interval_s=interval_s,
+        apply=apply,
         clock=clock,
     )
 
@@ -510,6 +550,7 @@ async def serve(cfg: FleetgateConfig, *, port: int | None = None, try_model: str
         providers=plane.providers,
         autoscalers=plane.autoscalers,
         remediate=plane.remediate,
+        pools=plane.pools,
     )
     started = False
     try:

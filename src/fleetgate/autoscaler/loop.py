@@ -117,6 +117,7 @@ class AutoscalerLoop:
         interval_s: float = 1.0,
         apply: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        metrics: AutoscalerMetrics | None = None,
     ) -> None:
         self.deployment = deployment
         self.autoscaler = autoscaler
@@ -124,7 +125,8 @@ class AutoscalerLoop:
         self.counts = counts
         self.target = target
         self.capacity_mu_per_min = capacity_mu_per_min
-        self.metrics = AutoscalerMetrics(registry if registry is not None else CollectorRegistry())
+        # ``metrics``: the gauges shared by every loop of one registry (a registry takes each name once)
+        self.metrics = metrics or AutoscalerMetrics(registry if registry is not None else CollectorRegistry())
         self.interval_s = interval_s
         self.apply = apply and target is not None
         self.clock = clock

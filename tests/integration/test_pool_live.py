@@ -1,0 +1,275 @@
+"""Issue 18 item 8, live: one ``fleetgate serve`` process, a pool of 4 GPUs, two deployments of 1-GPU
+local replicas (simulated engines, real processes). A reserved tenant's burst on deployment A reclaims a
+best-effort replica from B: B's replica is drained first (every request answered), its GPU goes to A, and
+B's reserved tenant keeps its p95 TTFT within 10 % of what it was before.
+
+Setup: replicas run the simulated engine slowed ``TIME_SCALE`` times, so that a replica serves
+``100 / TIME_SCALE`` MU/min (a cost profile saying so, read by the deployments: item 1's fallback) and TTFT
+is dominated by the engine's own prefill time, not by the noise of a shared 2-core machine. A's reserved
+tenant has one replica's worth of reservation (floor 1); B's has one too and B's autoscaler wants 3
+replicas (``static``: its best-effort capacity). So B holds 3 GPUs, A 1. A's burst drives its autoscaler
+to want more; the pool's fair share is then 2 + 2, and after ``reclaim_after_s`` B drains one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from fleetgate.profiles import load_profile
+
+pytestmark = pytest.mark.timeout(180)
+
+TIME_SCALE = 4.0
+#: seconds B's reserved tenant's TTFT is sampled before the burst and again after the reclaim
+PHASE_S = 7.0
+A, B = "chat-a", "chat-b"
+KEYS = {"ra": "key-ra", "rb": "key-rb", "be": "key-be"}
+ADMIN = "key-admin"
+#: B's reserved tenant: a long-ish prompt (its TTFT is the engine's prefill) and two tokens out
+RB_BODY = {"model": B, "prompt": "word " * 400, "max_tokens": 2, "stream": True}
+BE_BODY = {"model": B, "prompt": "hello", "max_tokens": 16}
+RA_BODY = {"model": A, "prompt": "word " * 400, "max_tokens": 64}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _sample(text: str, name: str, **labels: str) -> float | None:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        match = re.fullmatch(rf"{name}\{{(.*)\}} (\S+)", line)
+        if match and ",".join(sorted(match.group(1).split(","))) == want:
+            return float(match.group(2))
+    return None
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def _config(tmp_path: Path) -> Path:
+    profile = load_profile("fleetgate-sim").to_dict()
+    capacity = 100.0 / TIME_SCALE  # MU/min one slowed replica serves
+    profile.update(name="fleetgate-sim-slow", capacity_mu_per_min=capacity)
+    (tmp_path / "slow.json").write_text(json.dumps(profile))
+    engine = {"kind": "local", "engine_args": ["--time-scale", str(TIME_SCALE)]}
+    one_replica = 0.7 * capacity  # a reservation one replica backs at the target utilisation
+    doc = {
+        "gateway": {"port": _free_port()},
+        "pools": [{"name": "gpus", "gpus": 4, "reclaim_after_s": 2.0}],
+        "deployments": [
+            {
+                "model": A,
+                "pool": "gpus",
+                "engine": "sim",
+                "cost_profile": str(tmp_path / "slow.json"),
+                "demand_window_s": 5.0,
+                "provider": {**engine, "replicas": 1},
+                "autoscaler": {
+                    "policy": "fleetgate",
+                    "max_replicas": 3,
+                    "stable_window_s": 5.0,
+                    "panic_window_s": 2.0,
+                    "scale_down_delay_s": 600.0,
+                },
+            },
+            {
+                "model": B,
+                "pool": "gpus",
+                "engine": "sim",
+                "cost_profile": str(tmp_path / "slow.json"),
+                "provider": {**engine, "replicas": 3},
+                "autoscaler": {"policy": "static", "replicas": 3},
+            },
+        ],
+        "tenants": [
+            {
+                "name": "ra",
+                "api_keys": [KEYS["ra"]],
+                "reserved_mu_per_min": {A: one_replica},
+                "best_effort_mu_per_min": None,
+            },
+            {"name": "rb", "api_keys": [KEYS["rb"]], "reserved_mu_per_min": {B: one_replica}},
+            {
+                "name": "be",
+                "api_keys": [KEYS["be"]],
+                "priority": "best_effort",
+                "best_effort_mu_per_min": None,
+            },
+        ],
+        "admission": {"admin_api_keys": [ADMIN]},
+        "ops": {"access_log": False},
+    }
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+class Client:
+    """One tenant's requests; every one must come back complete (``failed`` otherwise)."""
+
+    def __init__(self, url: str, tenant: str, body: dict[str, Any]) -> None:
+        self.url = url
+        self.headers = {"Authorization": f"Bearer {KEYS[tenant]}"}
+        self.body = body
+        self.sent = 0
+        self.ok = 0
+        self.refused = 0  # admission's explicit 429/503 (only A's burst may see them)
+        self.failed: list[str] = []
+        self.ttft: list[tuple[float, float]] = []  # (time sent, seconds to the first content chunk)
+
+    async def one(self, session: aiohttp.ClientSession) -> None:
+        self.sent += 1
+        # a prompt of its own: no prefix-cache hit makes its prefill (TTFT, MU) cheaper than the next one's
+        body = {**self.body, "prompt": f"{self.headers['Authorization']} {self.sent} " + self.body["prompt"]}
+        t0 = time.monotonic()
+        try:
+            async with session.post(self.url + "/v1/completions", json=body, headers=self.headers) as r:
+                if r.status in (429, 503) and "Retry-After" in r.headers:
+                    self.refused += 1
+                    await r.read()
+                    return
+                if r.status != 200:
+                    self.failed.append(f"HTTP {r.status}: {(await r.text())[:200]}")
+                    return
+                if not self.body.get("stream"):
+                    data = await r.json(content_type=None)
+                    if data.get("choices"):
+                        self.ok += 1
+                    else:
+                        self.failed.append(f"no choices: {str(data)[:200]}")
+                    return
+                first = None
+                done = False
+                async for raw in r.content:
+                    line = raw.decode().strip()
+                    if line == "data: [DONE]":
+                        done = True
+                    elif line.startswith("data: ") and first is None and '"text"' in line:
+                        first = time.monotonic() - t0
+                if done and first is not None:
+                    self.ok += 1
+                    self.ttft.append((t0, first))
+                else:
+                    self.failed.append("stream ended early")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.failed.append(repr(exc))
+
+    async def closed_loop(self, session: aiohttp.ClientSession, think_s: float, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.one(session)
+            await asyncio.sleep(think_s)
+
+    async def open_loop(self, session: aiohttp.ClientSession, rps: float, stop: asyncio.Event) -> None:
+        tasks = []
+        while not stop.is_set():
+            tasks.append(asyncio.create_task(self.one(session)))
+            await asyncio.sleep(1.0 / rps)
+        await asyncio.gather(*tasks)
+
+
+async def test_a_reserved_burst_reclaims_a_best_effort_replica_losing_nothing(
+    tools: Any, tmp_path: Path
+) -> None:
+    gw = tools.ServerProcess(
+        [tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(_config(tmp_path))], name="fleetgate-pool"
+    )
+    try:
+        url = gw.wait_ready(90)
+        assert sorted(ln.split()[1] for ln in gw.lines if ln.startswith("replica ")) == [
+            "sim-0",
+            "sim-0",
+            "sim-1",
+            "sim-2",
+        ]
+        rb, be, ra = Client(url, "rb", RB_BODY), Client(url, "be", BE_BODY), Client(url, "ra", RA_BODY)
+        history: list[tuple[float, dict[str, float | None]]] = []
+
+        async def metrics(session: aiohttp.ClientSession) -> dict[str, float | None]:
+            async with session.get(url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}) as r:
+                text = await r.text()
+            return {
+                "held_a": _sample(text, "fleetgate_pool_held_replicas", pool="gpus", deployment=A),
+                "held_b": _sample(text, "fleetgate_pool_held_replicas", pool="gpus", deployment=B),
+                "reclaimed_b": _sample(
+                    text, "fleetgate_pool_reclaimed_replicas_total", pool="gpus", deployment=B
+                ),
+                "used": _sample(text, "fleetgate_pool_gpus_used", pool="gpus"),
+                "demand_a": _sample(text, "fleetgate_pool_demand_replicas", pool="gpus", deployment=A),
+                "alloc_a": _sample(text, "fleetgate_pool_allocated_replicas", pool="gpus", deployment=A),
+                "mu_a": _sample(text, "fleetgate_autoscaler_demand_mu_per_minute", deployment=A),
+                "util_a": _sample(text, "fleetgate_autoscaler_utilisation", deployment=A),
+            }
+
+        async def watch(session: aiohttp.ClientSession) -> None:
+            while True:
+                history.append((time.monotonic(), await metrics(session)))
+                await asyncio.sleep(0.25)
+
+        stop_b, stop_a = asyncio.Event(), asyncio.Event()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            watcher = asyncio.create_task(watch(session))
+            b_traffic = [
+                *(asyncio.create_task(rb.closed_loop(session, 0.15, stop_b)) for _ in range(2)),
+                asyncio.create_task(be.open_loop(session, 1.0, stop_b)),
+            ]
+            await asyncio.sleep(1.0)  # warm-up: connections, the engines' first requests
+            t_before = time.monotonic()
+            await asyncio.sleep(PHASE_S)
+            t_burst = time.monotonic()
+            burst = asyncio.create_task(ra.open_loop(session, 8.0, stop_a))
+            reclaimed_at = None
+            while time.monotonic() - t_burst < 40.0:
+                await asyncio.sleep(0.25)
+                now = history[-1][1]
+                if now["held_a"] == 2 and now["held_b"] == 2 and (now["reclaimed_b"] or 0) >= 1:
+                    reclaimed_at = time.monotonic()
+                    break
+            assert reclaimed_at is not None, (
+                f"no reclaim within 40 s: {history[-1]} {ra.ok} {ra.refused} {ra.sent}\n{gw.output[-3000:]}"
+            )
+            await asyncio.sleep(1.0)  # A's new replica routable
+            t_after = time.monotonic()
+            await asyncio.sleep(PHASE_S)
+            t_end = time.monotonic()
+            stop_b.set()
+            stop_a.set()
+            await asyncio.gather(*b_traffic, burst)
+            watcher.cancel()
+        # never above the pool, at any sample
+        assert max(m["used"] or 0 for _, m in history) <= 4, history
+        # zero lost: every request of B's tenants (through the drain) and of A's burst answered
+        assert rb.failed == [] and be.failed == [] and ra.failed == [], (rb.failed, be.failed, ra.failed)
+        assert rb.refused == 0 and be.ok == be.sent and ra.ok > 0
+        before = [s for t, s in rb.ttft if t_before <= t < t_burst]
+        after = [s for t, s in rb.ttft if t_after <= t < t_end]
+        assert len(before) >= 40 and len(after) >= 40, (len(before), len(after))
+        p_before, p_after = _p95(before), _p95(after)
+        seen: dict[str, float | None] = {}
+        for t, m in history:
+            if t >= t_burst and m != seen:
+                print(f"{t - t_burst:5.1f} s {m}")
+                seen = m
+        print(
+            f"reclaim {reclaimed_at - t_burst:.1f} s after the burst; rb p95 TTFT {p_before * 1e3:.0f} ms "
+            f"before ({len(before)}), {p_after * 1e3:.0f} ms after ({len(after)}); ra {ra.ok} ok, "
+            f"{ra.refused} refused of {ra.sent}"
+        )
+        assert p_after <= 1.10 * p_before, (p_before, p_after)
+    finally:
+        gw.kill()
