@@ -240,9 +240,7 @@ async def test_a_reserved_burst_reclaims_a_best_effort_replica_losing_nothing(
                 if now["held_a"] == 2 and now["held_b"] == 2 and (now["reclaimed_b"] or 0) >= 1:
                     reclaimed_at = time.monotonic()
                     break
-            assert reclaimed_at is not None, (
-                f"no reclaim within 40 s: {history[-1]} {ra.ok} {ra.refused} {ra.sent}\n{gw.output[-3000:]}"
-            )
+            assert reclaimed_at is not None, f"no reclaim in 40 s: {history[-1]}\n{gw.output[-3000:]}"
             await asyncio.sleep(1.0)  # A's new replica routable
             t_after = time.monotonic()
             await asyncio.sleep(PHASE_S)
