@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fleetgate.config_control import ProviderConfig, Remediation, StaticProviderConfig
+from fleetgate.config_control import (
+    LeaderElectionConfig,
+    ProviderConfig,
+    Remediation,
+    StaticProviderConfig,
+)
 from fleetgate.core.autoscale.registry import AutoscalerConfig
 from fleetgate.core.plugins import PluginParams, tagged_union
 from fleetgate.core.routing.registry import POLICIES
@@ -176,6 +181,11 @@ class DeploymentConfig(_Strict):
         default=60.0,
         gt=0,
         description="Window of the demand meter the autoscaler reads (MU settled over it, per minute).",
+    )
+    leader_election: LeaderElectionConfig = Field(
+        default_factory=LeaderElectionConfig,
+        description="With several gateway replicas: which one runs the autoscaler and remediation (`auto`: "
+        "the Kubernetes Lease `fleetgate-<deployment>` for a Kubernetes provider; `redis`; `none`).",
     )
     remediation: Remediation | None = Field(
         default=None,

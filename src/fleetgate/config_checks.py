@@ -20,6 +20,7 @@ _STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 def config_problems(cfg: FleetgateConfig) -> list[str]:
     """Cross-field problems that make a config wrong wherever it runs, one line each with its path:
     duplicate names and keys, unknown cost profiles, pools unknown or oversold, an unsupported store URL."""
+    from fleetgate.config_control import election_problems
     from fleetgate.profiles import load_profile
 
     problems: list[str] = []
@@ -54,6 +55,9 @@ def config_problems(cfg: FleetgateConfig) -> list[str]:
         if dep.upstream_api_key and dep.upstream_api_key_file:
             problems.append(f"deployments.{i}.upstream_api_key_file: set either it or upstream_api_key")
         problems += control_problems(f"deployments.{i}", dep)
+        problems += election_problems(
+            f"deployments.{i}", dep.leader_election, dep.provider.kind, cfg.admission.store.kind
+        )
     problems += pool_problems(cfg)
     store = cfg.admission.store
     if store.kind == "redis" and not store.url.startswith(_STORE_SCHEMES):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Strict(BaseModel):
@@ -68,3 +68,47 @@ DEFAULT_REMEDIATION: dict[str, Remediation] = {
 }
 #: The provider kind each remediation needs.
 REMEDIATION_NEEDS: dict[str, str] = {"restart": "local", "delete_pod": "kubernetes"}
+
+
+class LeaderElectionConfig(_Strict):
+    """Which gateway replica runs the deployment's autoscaler and remediation when several serve it.
+
+    `auto` (default): a Kubernetes provider elects through the Lease `fleetgate-<deployment>`; other providers
+    elect nobody (a static list is not scaled; local processes are each gateway's own). `lease`: the Lease
+    (Kubernetes provider only). `redis`: a lock in the admission store's Redis (`admission.store.kind:
+    redis`), e.g. where the gateways may not write Leases. `none`: every gateway acts (one gateway only).
+    """
+
+    kind: Literal["auto", "lease", "redis", "none"] = "auto"
+    lease_duration_s: float = Field(
+        default=10.0, gt=0, description="How long a lease lasts unrenewed: the others take over after it."
+    )
+    renew_deadline_s: float = Field(
+        default=7.0, gt=0, description="The leader stops acting when it could not renew for this long."
+    )
+    retry_period_s: float = Field(default=2.0, gt=0, description="Renewal and retry interval.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElectionConfig:
+        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError("need retry_period_s < renew_deadline_s < lease_duration_s")
+        return self
+
+
+def election_kind(election: LeaderElectionConfig, provider_kind: str) -> str:
+    """The election a deployment gets: `lease`, `redis` or `none` (``auto`` resolved)."""
+    if election.kind == "auto":
+        return "lease" if provider_kind == "kubernetes" else "none"
+    return election.kind
+
+
+def election_problems(
+    where: str, election: LeaderElectionConfig, provider_kind: str, store: str
+) -> list[str]:
+    """A Lease without the Kubernetes provider, or a Redis lock without a Redis admission store."""
+    kind = election_kind(election, provider_kind)
+    if kind == "lease" and provider_kind != "kubernetes":
+        return [f"{where}.leader_election: kind lease needs `provider: {{kind: kubernetes}}`"]
+    if kind == "redis" and store != "redis":
+        return [f"{where}.leader_election: kind redis needs `admission.store: {{kind: redis, url: ...}}`"]
+    return []

@@ -13,18 +13,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from prometheus_client import CollectorRegistry
 
 from fleetgate.capacity_loop import PoolMemberPlan, PoolPlan
 from fleetgate.config import ConfigError, DeploymentConfig, FleetgateConfig
 from fleetgate.config_checks import reservation_target_utilisation
-from fleetgate.config_control import DEFAULT_REMEDIATION, KubernetesProviderConfig, LocalProviderConfig
+from fleetgate.config_control import (
+    DEFAULT_REMEDIATION,
+    KubernetesProviderConfig,
+    LocalProviderConfig,
+    election_kind,
+)
 from fleetgate.core.autoscale import ReportingAutoscaler, autoscaler_from
 from fleetgate.core.capacity import AllocatorParams
+from fleetgate.core.leader import ElectionTiming, LeaderElection
 from fleetgate.engines.dialects import dialect
 from fleetgate.profiles import replica_capacity_mu_per_min
 from fleetgate.providers.base import ChangeListener, DrainHook, ReplicaProvider
 from fleetgate.providers.kubernetes_config import connect as kubernetes_connect
+from fleetgate.providers.kubernetes_rbac import lease_name
 from fleetgate.providers.kubernetes_replicas import KubernetesReplicaProvider
+from fleetgate.providers.leader import LeaderElector, LeaseStore, RedisLeaseStore, candidate_identity
+from fleetgate.providers.leader_lease import KubernetesLeaseStore
 from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
 
 #: cost profile of the simulated engine replicas (src/fleetgate/profiles/fleetgate-sim.json)
@@ -33,6 +43,9 @@ SIM_COST_PROFILE = "fleetgate-sim"
 #: Builds one deployment's replica provider, given the callbacks the gateway wants it to call: the new replica
 #: list after every change, and "drain this replica" before it stops one.
 ProviderFactory = Callable[[ChangeListener, DrainHook], ReplicaProvider]
+
+#: Builds one deployment's leader elector, given its built provider and the gateway's metrics registry.
+ElectionFactory = Callable[[ReplicaProvider, CollectorRegistry], LeaderElector]
 
 
 @dataclass(slots=True)
@@ -44,6 +57,8 @@ class ControlPlane:
     remediate: set[str] = field(default_factory=set)
     #: replicas each provider is asked for before the gateway listens
     initial: dict[str, int] = field(default_factory=dict)
+    #: deployments whose replicas several gateways share: only the elected one autoscales and remediates
+    elections: dict[str, ElectionFactory] = field(default_factory=dict)
     #: GPU pools whose allocator sizes their deployments (``capacity_loop``); their autoscalers only decide
     pools: list[PoolPlan] = field(default_factory=list)
 
@@ -128,6 +143,9 @@ def control_plane(cfg: FleetgateConfig) -> ControlPlane:
             plane.autoscalers[dep.model] = autoscaler_from(dep.autoscaler)
         if remediation(dep) != "none":
             plane.remediate.add(dep.model)
+        election = _election_factory(cfg, dep)
+        if election is not None:
+            plane.elections[dep.model] = election
     plane.pools = pool_plans(cfg)
     sold = sold_from_config(cfg)
     for plan in plane.pools:  # what each starts with: floors first, within its pool
@@ -180,6 +198,29 @@ def pool_plans(cfg: FleetgateConfig) -> list[PoolPlan]:
                 )
             )
     return plans
+
+
+def _election_factory(cfg: FleetgateConfig, dep: DeploymentConfig) -> ElectionFactory | None:
+    """The deployment's leader election (``leader_election``), or None when every gateway acts."""
+    le = dep.leader_election
+    kind = election_kind(le, dep.provider.kind)
+    if kind == "none":
+        return None
+    timing = ElectionTiming(le.lease_duration_s, le.renew_deadline_s, le.retry_period_s)
+    store_cfg = cfg.admission.store
+    k8s = dep.provider if isinstance(dep.provider, KubernetesProviderConfig) else None
+
+    def build(provider: ReplicaProvider, registry: CollectorRegistry) -> LeaderElector:
+        store: LeaseStore
+        if kind == "lease":
+            assert k8s is not None and isinstance(provider, KubernetesReplicaProvider)
+            store = KubernetesLeaseStore(lambda: provider.api, lease_name(k8s.deployment))
+        else:
+            store = RedisLeaseStore(store_cfg.url, f"{store_cfg.namespace}:leader:{dep.model}")
+        election = LeaderElection(candidate_identity(), timing)
+        return LeaderElector(store, election, deployment=dep.model, registry=registry)
+
+    return build
 
 
 def up_config(cfg: FleetgateConfig, model: str, replicas: int | None = None) -> FleetgateConfig:

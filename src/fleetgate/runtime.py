@@ -23,7 +23,14 @@ from prometheus_client import CollectorRegistry
 from fleetgate.autoscaler import AutoscalerLoop, AutoscalerMetrics, provider_counts
 from fleetgate.capacity_loop import PoolLoop, PoolPlan, pool_loops
 from fleetgate.config import ConfigError, FleetgateConfig
-from fleetgate.control import SIM_COST_PROFILE, ProviderFactory, control_plane, up_config, with_local_defaults
+from fleetgate.control import (
+    SIM_COST_PROFILE,
+    ElectionFactory,
+    ProviderFactory,
+    control_plane,
+    up_config,
+    with_local_defaults,
+)
 from fleetgate.core.autoscale import ReportingAutoscaler
 from fleetgate.core.engine_rates import EngineRateLearner
 from fleetgate.core.health import HealthPolicy, Transition
@@ -47,6 +54,7 @@ from fleetgate.health.monitor import HealthMonitor, Remediator
 from fleetgate.ops.web import Ops
 from fleetgate.providers.base import ProviderError, ReplicaInfo, ReplicaProvider
 from fleetgate.providers.kubernetes_replicas import KubernetesReplicaProvider
+from fleetgate.providers.leader import LeaderElector, LeaderOnly
 from fleetgate.providers.local import LocalProcessProvider
 
 if TYPE_CHECKING:
@@ -180,6 +188,7 @@ def build_gateway(
     observers: Sequence[LifecycleObserver] = (),
     remediate: Collection[str] | None = None,
     pools: Sequence[PoolPlan] = (),
+    elections: Mapping[str, ElectionFactory] | None = None,
 ) -> Gateway:
     """Every gateway object, wired: fleet, upstream client, metrics, admission, health monitors, replica
     providers, autoscaler loops, ops, proxy, app, scraper.
@@ -188,7 +197,8 @@ def build_gateway(
     ``gateway.health_checks``). ``providers[model]`` builds the replica provider of a deployment whose
     replicas the gateway manages (``up``: local processes); with health on, it also restarts that
     deployment's hung or crashed replicas (``remediate``: the models whose provider does; default: every
-    one with a provider). ``autoscalers[model]`` scales such a deployment through it.
+    one with a provider). ``autoscalers[model]`` scales such a deployment through it. ``elections[model]``
+    builds the deployment's leader elector: then only the elected gateway autoscales and remediates.
     ``observers`` see every request's dispatch, first token and completion (``core.lifecycle``).
     ``pools``: GPU pools whose allocator scales their deployments (their autoscalers only decide).
     """
@@ -240,8 +250,13 @@ def build_gateway(
             sync(model, infos)
 
         built[model] = factory(changed, drain)
+    leaders = {m: f(built[m], metrics.registry) for m, f in (elections or {}).items() if m in built}
     if health:
-        remediators = {m: p for m, p in built.items() if remediate is None or m in remediate}
+        remediators: dict[str, Remediator] = {
+            m: LeaderOnly(p, leaders[m].is_leader) if m in leaders else p
+            for m, p in built.items()
+            if remediate is None or m in remediate
+        }
         monitors.update(_health_monitors(fleet, metrics.registry, remediators))
 
     pooled = {m.model for plan in pools for m in plan.members}
@@ -255,6 +270,7 @@ def build_gateway(
             clock,
             autoscale_interval_s,
             apply=model not in pooled,
+            leader=leaders.get(model),
         )
         for model, autoscaler in (autoscalers or {}).items()
     }
@@ -313,6 +329,8 @@ def build_gateway(
     if secrets:  # key files (mounted Secrets): read now, then re-read while running
         secrets.refresh(strict=True)
         server.add_loop("secret-files", secrets.run)
+    for model, leader in leaders.items():  # before the loops it gates
+        server.add_service(f"leader-{model}", leader.start, leader.stop)
     for model, monitor in monitors.items():
         server.add_service(f"health-{model}", monitor.start, monitor.stop)
     for model, loop in loops.items():
@@ -425,6 +443,7 @@ def _autoscaler_loop(
     interval_s: float,
     *,
     apply: bool = True,
+    leader: LeaderElector | None = None,
 ) -> AutoscalerLoop:
     """Autoscale ``deployment`` through ``provider`` (``fleetgate.autoscaler.AutoscalerLoop``); the
     deployment's lifecycle feeds its ``DemandMeter`` (MU started / settled)."""
@@ -446,6 +465,7 @@ def _autoscaler_loop(
         interval_s=interval_s,
         apply=apply,
         clock=clock,
+        leading=None if leader is None else leader.is_leader,
     )
 
 
@@ -551,6 +571,7 @@ async def serve(cfg: FleetgateConfig, *, port: int | None = None, try_model: str
         autoscalers=plane.autoscalers,
         remediate=plane.remediate,
         pools=plane.pools,
+        elections=plane.elections,
     )
     started = False
     try:

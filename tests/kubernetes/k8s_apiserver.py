@@ -160,6 +160,8 @@ class FakeCluster:
         self.deleted_pods: list[str] = []
         self.throttled = 0
         self.token: str | None = None  # when set, requests without ``Authorization: Bearer <token>`` get 401
+        self.tokens: set[str] = set()  # more accepted tokens (one per gateway, to tell callers apart)
+        self.calls: list[tuple[float, str, str, str]] = []  # monotonic time, caller's token, method, path
         self.expired_as_http = False  # 410 for a stale watch: an ERROR event (watch cache) or an HTTP 410
         self.retry_after_s = 1
         self.requests: list[tuple[float, str, str, int]] = []  # monotonic time, method, path, status
@@ -469,7 +471,9 @@ class ApiServer:
                 429, "TooManyRequests", "Too many requests, please try again later.",
                 headers={"Retry-After": str(c.retry_after_s)},
             )  # fmt: skip
-        if c.token is not None and request.headers.get("Authorization") != f"Bearer {c.token}":
+        bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        c.calls.append((time.monotonic(), bearer, request.method, request.path))
+        if c.token is not None and bearer != c.token and bearer not in c.tokens:
             c.requests.append((time.monotonic(), request.method, request.path_qs, 401))
             return status_response(401, "Unauthorized", "Unauthorized")
         c.requests.append((time.monotonic(), request.method, request.path_qs, 200))

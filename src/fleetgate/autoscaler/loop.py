@@ -118,7 +118,10 @@ class AutoscalerLoop:
         apply: bool = True,
         clock: Callable[[], float] = time.monotonic,
         metrics: AutoscalerMetrics | None = None,
+        leading: Callable[[], bool] | None = None,
     ) -> None:
+        """``leading``: with several gateways, whether this one is the deployment's elected leader; the loop
+        steps (decides, exports, scales) only while it is (``providers.leader.LeaderElector.is_leader``)."""
         self.deployment = deployment
         self.autoscaler = autoscaler
         self.meter = meter
@@ -130,6 +133,7 @@ class AutoscalerLoop:
         self.interval_s = interval_s
         self.apply = apply and target is not None
         self.clock = clock
+        self.leading = leading
         self.state: Any = None
         self.desired: int | None = None
         self.history: list[tuple[float, int, int, float]] = []  # (t, desired, ready, utilisation)
@@ -172,7 +176,8 @@ class AutoscalerLoop:
     async def _run(self) -> None:
         while True:
             try:
-                await self.step()
+                if self.leading is None or self.leading():
+                    await self.step()
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep scaling alive through a provider hiccup

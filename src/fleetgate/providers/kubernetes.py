@@ -11,8 +11,9 @@
 
 In a pod, :meth:`KubernetesProvider.in_cluster` reads the service-account token (re-read periodically: bound
 tokens rotate), the cluster CA and the namespace from ``/var/run/secrets/kubernetes.io/serviceaccount``.
-RBAC needed: ``deployments/scale`` get+patch, ``endpointslices`` list+watch, ``pods`` delete+patch
-(deploy/k8s/gateway.yaml has the Role). Discovery by watch (``kubernetes_watch.EndpointSliceWatcher``).
+RBAC needed: exactly ``kubernetes_rbac.API_CALLS`` (scale get+patch, EndpointSlices list+watch, pods
+patch+delete, the leader Lease create/get/update; deploy/k8s/gateway.yaml has the Role). Discovery by
+watch (``kubernetes_watch.EndpointSliceWatcher``).
 """
 
 from __future__ import annotations
@@ -424,3 +425,34 @@ class KubernetesProvider:
             body=patch,
             content_type="application/merge-patch+json",
         )
+
+    # -- leader Lease (coordination.k8s.io/v1; leader_lease.py) ---------------------------------------------
+
+    def lease_path(self, name: str | None = None) -> str:
+        base = f"/apis/coordination.k8s.io/v1/namespaces/{quote(self.namespace)}/leases"
+        return base if name is None else f"{base}/{quote(name)}"
+
+    async def get_lease(self, name: str) -> dict[str, Any] | None:
+        """The Lease object, or None when there is none (404)."""
+        try:
+            obj: dict[str, Any] = await self._request("GET", self.lease_path(name))
+        except KubernetesError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    async def create_lease(self, lease: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST`` the Lease (409 AlreadyExists when another candidate created it first)."""
+        obj: dict[str, Any] = await self._request(
+            "POST", self.lease_path(), params={"fieldManager": FIELD_MANAGER}, body=dict(lease)
+        )
+        return obj
+
+    async def replace_lease(self, lease: Mapping[str, Any]) -> dict[str, Any]:
+        """``PUT`` the Lease; its ``metadata.resourceVersion`` must be the stored one (else 409 Conflict)."""
+        name = str(lease["metadata"]["name"])
+        obj: dict[str, Any] = await self._request(
+            "PUT", self.lease_path(name), params={"fieldManager": FIELD_MANAGER}, body=dict(lease)
+        )
+        return obj

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True, order=True)
 class ApiCall:
     """One RBAC permission: ``verb`` on ``resource`` (``deployments/scale`` for a subresource) of ``group``
-    (``""`` is the core group); ``named`` when every such call names the object (so a Role can narrow it by
-    ``resourceNames``)."""
+    (``""`` is the core group); ``named`` when every such call names the object, so that a Role can narrow it
+    by ``resourceNames`` where the name is known ahead (the Deployment, the Lease; not pods)."""
 
     group: str
     resource: str
@@ -31,8 +31,8 @@ API_CALLS: tuple[ApiCall, ...] = (
     ApiCall("apps", "deployments/scale", "get", named=True),
     ApiCall("apps", "deployments/scale", "patch", named=True),
     # drain (pod-deletion-cost annotation) and remediation (delete the hung pod)
-    ApiCall("", "pods", "patch", named=False),
-    ApiCall("", "pods", "delete", named=False),
+    ApiCall("", "pods", "patch", named=True),
+    ApiCall("", "pods", "delete", named=True),
     # leader election: the Lease `fleetgate-<deployment>` (leader_lease.py); create cannot name an object
     ApiCall("coordination.k8s.io", "leases", "create", named=False),
     ApiCall("coordination.k8s.io", "leases", "get", named=True),
