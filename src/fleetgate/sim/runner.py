@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -138,7 +139,19 @@ def run_des(
         cfg,
         autoscaler=_autoscaler(opts, profile),
     )
-    return sim.run()
+    return _with_setup_frozen(sim.run)
+
+
+def _with_setup_frozen(run: Callable[[], Any]) -> Any:
+    """``run()`` with every object that exists now (the trace, the simulator, imported modules) frozen out of
+    the garbage collector's sight (``gc.freeze``), unfrozen after: the collections during the run then walk
+    only what the run creates (a full collection walked all of it: tens of thousands of setup objects).
+    Collection timing only; the results are the same."""
+    gc.freeze()
+    try:
+        return run()
+    finally:
+        gc.unfreeze()
 
 
 def run_fluid(opts: SimOptions, *, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
