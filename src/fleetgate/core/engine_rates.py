@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fleetgate.core.types import RequestInfo, Usage
 from fleetgate.core.units import CostProfile
@@ -48,9 +49,9 @@ class EngineCounters:
     decode_seconds: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class LearnedRates:
-    """What is known about one replica; ``None`` until enough observations."""
+class LearnedRates(NamedTuple):
+    """What is known about one replica; ``None`` until enough observations. (Immutable; a named tuple, not a
+    frozen dataclass: one is built per completed request, and a tuple builds several times faster.)"""
 
     prefill_tokens_per_s: float | None = None
     decode_s_per_token: float | None = None
@@ -272,18 +273,25 @@ class EngineRateLearner:
         return self.current.get(replica, _NOTHING)
 
     def _compute(self, rep: _Replica) -> LearnedRates:
-        prefill_s, source = self._prefill_s(rep)
-        timing = rep.prefill_timing.slope() if rep.prefill_timing.n >= self.min_samples else None
-        counters = rep.prefill_counters.ratio() if rep.prefill_counters.n >= _MIN_COUNTER_INTERVALS else None
+        # (``_prefill_s`` and ``_drift`` inlined: this runs once per completed request)
+        timing_fit, counter_fit = rep.prefill_timing, rep.prefill_counters
+        timing = timing_fit.slope() if timing_fit.n >= self.min_samples else None
+        counters = counter_fit.ratio() if counter_fit.n >= _MIN_COUNTER_INTERVALS else None
+        if counter_fit.n >= _MIN_COUNTER_INTERVALS:
+            prefill_s, source = counters, "counters"
+        elif timing_fit.n >= self.min_samples:
+            prefill_s, source = timing, "timing"
+        else:
+            prefill_s, source = None, ""
         return LearnedRates(
             prefill_tokens_per_s=_inverse(prefill_s),
             decode_s_per_token=self._decode_s(rep),
             prefill_source=source if prefill_s else "",
-            prefill_samples=rep.prefill_counters.n if source == "counters" else rep.prefill_timing.n,
+            prefill_samples=counter_fit.n if source == "counters" else timing_fit.n,
             decode_samples=max(rep.decode_counters.n, rep.decode_timing.n),
             timing_prefill_tokens_per_s=_inverse(timing),
             counter_prefill_tokens_per_s=_inverse(counters),
-            drift=self._drift(prefill_s),
+            drift=self._drift(prefill_s) if prefill_s is not None else None,
         )
 
     def profile_prefill_s_per_token(self) -> float | None:

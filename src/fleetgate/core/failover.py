@@ -51,9 +51,16 @@ _GUIDED_FIELDS = (
     "json_schema",
 )
 
+#: Every field that ``static_refusal`` reads: a chat body with none of them is plain text.
+_REFUSAL_FIELDS = frozenset(
+    ("n", "best_of", "logprobs", "top_logprobs", "echo", "response_format", *_GUIDED_FIELDS)
+)
+
 
 def static_refusal(endpoint: Endpoint, body: Mapping[str, Any]) -> str | None:
     """The reason a stream of this request can never be continued exactly, or ``None`` (plain text)."""
+    if endpoint == "chat" and _REFUSAL_FIELDS.isdisjoint(body):  # the common case, in one set operation
+        return None
     n = body.get("n")
     best_of = body.get("best_of")
     if (isinstance(n, int) and n > 1) or (isinstance(best_of, int) and best_of > 1):
@@ -66,8 +73,9 @@ def static_refusal(endpoint: Endpoint, body: Mapping[str, Any]) -> str | None:
     fmt = body.get("response_format")
     if isinstance(fmt, Mapping) and fmt.get("type", "text") != "text":
         return "guided_decoding"
-    if any(body.get(name) is not None for name in _GUIDED_FIELDS):
-        return "guided_decoding"
+    for name in _GUIDED_FIELDS:  # (a loop, not any(): this runs for every streamed request)
+        if body.get(name) is not None:
+            return "guided_decoding"
     if endpoint == "completions":
         prompt = body.get("prompt")
         single = isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str)
@@ -176,42 +184,41 @@ class FailoverTracker:
 
     def feed(self, chunk: bytes) -> bytes:
         """Consume upstream bytes; return the whole events to forward (possibly rewritten)."""
-        events = self._parser.feed(chunk)
-        if not self._pending and events and events[-1].end - self._base == len(chunk):
+        events = self._parser.feed_fields(chunk)  # (data, end, ...) per event
+        if not self._pending and events and events[-1][1] - self._base == len(chunk):
             # the common case: the chunk holds whole events only (engines write one or more per chunk)
             if len(events) == 1:
-                kept = self._event(events[0].data, chunk)
+                kept = self._event(events[0][0], chunk, 0, len(chunk))
                 self._base += len(chunk)
                 return chunk if kept is None else kept
             pending = chunk
         else:
             self._pending += chunk
             pending = bytes(self._pending)
-        out = bytearray()
+        out: bytearray | None = None  # made only once an event is rewritten or dropped
         cut = 0
-        changed = False
-        for event in events:
-            stop = event.end - self._base
-            raw = pending[cut:stop]
-            cut = stop
-            kept = self._event(event.data, raw)
-            if kept is None:
-                out += raw
-            else:
+        base = self._base
+        for data, end, _, _, _ in events:
+            stop = end - base
+            kept = self._event(data, pending, cut, stop)
+            if kept is not None:
+                if out is None:
+                    out = bytearray(pending[:cut])  # the events before, as they came
                 out += kept
-                changed = True
+            elif out is not None:
+                out += pending[cut:stop]
+            cut = stop
         if cut:
-            if pending is chunk:
-                self._base += cut
-            else:
+            if pending is not chunk:
                 del self._pending[:cut]
-                self._base += cut
-        if pending is chunk and not changed:
-            return chunk
-        return bytes(out)
+            self._base += cut
+        if out is not None:
+            return bytes(out)
+        return chunk if pending is chunk else pending[:cut]
 
-    def _event(self, data: str, raw: bytes) -> bytes | None:
-        """Record one event; return ``None`` to forward its raw bytes, else what to forward instead."""
+    def _event(self, data: str, raw: bytes, start: int, stop: int) -> bytes | None:
+        """Record one event (its bytes are ``raw[start:stop]``); return ``None`` to forward them as they
+        are, else what to forward instead."""
         if self._fast(data):
             return None
         if data == DONE_DATA:
@@ -228,7 +235,7 @@ class FailoverTracker:
         err = obj.get("error")
         if isinstance(err, Mapping):  # held back: the stream is treated as broken (and maybe continued)
             self.error = dict(err)
-            self.error_raw = raw
+            self.error_raw = raw[start:stop]
             return b""
         if self.id is None:
             self.id, self.created, self.model = obj.get("id"), obj.get("created"), obj.get("model")
@@ -240,11 +247,11 @@ class FailoverTracker:
         choices = obj.get("choices")
         if not choices:
             if usage is None:
-                return self._out(obj, raw)
-            return b"" if self.strip_usage else self._out(obj, raw)
+                return self._out(obj)
+            return b"" if self.strip_usage else self._out(obj)
         self.data_events += 1
         keep = self._choices(choices) or not self.continuing  # a first stream passes through as it is
-        return self._out(obj, raw) if keep else b""
+        return self._out(obj) if keep else b""
 
     def _choices(self, choices: Any) -> bool:
         """Record the choices of one chunk; False when the chunk must not reach the client (a continuation's
@@ -289,13 +296,11 @@ class FailoverTracker:
     def _fast(self, data: str) -> bool:
         """A first stream's plain content chunk, recorded without decoding it: its text stays the JSON
         string literal as the engine wrote it (decoded only if the stream breaks). False: decode it."""
-        if (
-            self.continuing
-            or self.id is None
-            or '"finish_reason":null' not in data
-            or any(mark in data for mark in _DECODE_MARKS)
-        ):
+        if self.continuing or self.id is None or '"finish_reason":null' not in data:
             return False
+        for mark in _DECODE_MARKS:  # (a loop, not any(): no generator per event)
+            if mark in data:
+                return False
         key = self._text_key
         start = data.find(key)
         if start < 0:
@@ -313,7 +318,7 @@ class FailoverTracker:
             self.attempt_events += 1
         return True
 
-    def _out(self, obj: dict[str, Any], raw: bytes) -> bytes | None:
+    def _out(self, obj: dict[str, Any]) -> bytes | None:
         if not self.continuing:
             return None
         obj["id"], obj["created"], obj["model"] = self.id, self.created, self.model

@@ -403,17 +403,17 @@ class StreamTracker:
         return not self.done or self._parser.pending
 
     def feed(self, chunk: bytes) -> bytes:
-        events = self._parser.feed(chunk)
+        events = self._parser.feed_fields(chunk)  # (data, end, ...) per event
         if not self.strip_usage:
             for event in events:
-                self._observe(event.data)
+                self._observe(event[0])
             return chunk
         self._pending += chunk
         out = bytearray()
         cut = 0
-        for event in events:
-            keep = self._observe(event.data)
-            stop = event.end - self._base
+        for data, end, _, _, _ in events:
+            keep = self._observe(data)
+            stop = end - self._base
             if keep:
                 out += self._pending[cut:stop]
             cut = stop

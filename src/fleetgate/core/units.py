@@ -128,27 +128,46 @@ class CostProfile:
         self, input_tokens: int, output_tokens: float, *, cached_tokens: int = 0, image_tokens: int = 0
     ) -> float:
         """MU for a request of this exact shape (the formula both estimate and settle use)."""
-        inp = max(int(input_tokens), 0)
-        cached = min(max(int(cached_tokens), 0), inp)
+        # (branches instead of max/min/int calls: this runs several times per request, in the gateway and
+        # the simulator; the arithmetic, and so every result, is the same)
+        inp = input_tokens if type(input_tokens) is int else int(input_tokens)
+        if inp < 0:
+            inp = 0
+        if cached_tokens:
+            cached = cached_tokens if type(cached_tokens) is int else int(cached_tokens)
+            cached = 0 if cached < 0 else inp if cached > inp else cached
+        else:
+            cached = 0
         uncached = inp - cached
-        out = max(float(output_tokens), 0.0)
+        out = float(output_tokens)
+        if out < 0.0:
+            out = 0.0
+        images = image_tokens if type(image_tokens) is int else int(image_tokens)
+        if images < 0:
+            images = 0
+        rate = self.alpha if self.image_mu_per_token is None else self.image_mu_per_token
         return (
             self.gamma
             + self.alpha * (uncached + self.cache_discount * cached)
             + self.delta * uncached * inp / LONG_INPUT_SCALE
             + self.beta * out
             + self.epsilon * out * (inp + out / 2.0) / LONG_INPUT_SCALE
-            + self.image_rate * max(int(image_tokens), 0)
+            + rate * images
         )
 
     def expected_output_tokens(
         self, max_output_tokens: int | None, observed_output_p90: float | None
     ) -> float:
         """Output length to budget for: min(max_tokens, tenant's observed p90), whichever are known."""
-        candidates = [float(v) for v in (max_output_tokens, observed_output_p90) if v is not None]
-        if not candidates:
-            return float(self.default_output_tokens)
-        return max(min(candidates), 0.0)
+        if max_output_tokens is None:
+            if observed_output_p90 is None:
+                return float(self.default_output_tokens)
+            least = float(observed_output_p90)
+        else:
+            least = float(max_output_tokens)
+            if observed_output_p90 is not None and float(observed_output_p90) < least:
+                least = float(observed_output_p90)
+        return 0.0 if least < 0.0 else least
 
     def estimate(
         self,

@@ -56,19 +56,16 @@ def create_app(
             metrics_access(request.headers.get("Authorization"))
         return _exposition(metrics, request)
 
-    async def no_sniffing(request: web.Request, response: web.StreamResponse) -> None:
+    async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        # (one hook for both: each hook is a coroutine per response)
         # Whatever an engine answers (text/html included) is never rendered as this origin's page (/ui).
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
-
-    app.on_response_prepare.append(no_sniffing)
-
-    async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
         # While draining, each response closes its keep-alive connection (clients reconnect elsewhere).
         if proxy.shutting_down:
             response.force_close()  # the connection closes after this response ...
             response.headers["Connection"] = "close"  # ... and the client is told (headers already built)
 
-    app.on_response_prepare.append(close_when_draining)
+    app.on_response_prepare.append(on_prepare)
     app.router.add_post("/v1/chat/completions", proxy.chat)
     app.router.add_post("/v1/completions", proxy.completions)
     add_info_routes(  # /v1/models, /v1/models/{model}, /health, /version

@@ -263,6 +263,8 @@ class Proxy:
         if request.content_length is not None and request.content_length > limit:
             raise payload_too_large(limit)
         try:
+            if request.content.is_eof():  # the whole body is buffered already: reading it cannot stall
+                return await request.read()
             async with asyncio.timeout(self.config.client_body_timeout_s):  # a stalled body is not held
                 return await request.read()
         except web.HTTPRequestEntityTooLarge as exc:

@@ -29,8 +29,11 @@ def output_limit(max_output_tokens: int | None, context_tokens: int | None) -> i
 
     (The gateway's own prompt count is an estimate, so the context is not reduced by it.)
     """
-    bounds = [b for b in (max_output_tokens, context_tokens) if b is not None]
-    return min(bounds) if bounds else None
+    if max_output_tokens is None:
+        return context_tokens
+    if context_tokens is None or max_output_tokens <= context_tokens:
+        return max_output_tokens
+    return context_tokens
 
 
 def output_bound(request: RequestInfo, context_tokens: int | None) -> int | None:
@@ -50,6 +53,21 @@ def bound_usage(
     ``streamed_events``: output events relayed to the client, for a stream (``None`` or 0: not a stream,
     or an engine that answered it with one body).
     """
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
+    cached, image = usage.cached_tokens, usage.image_tokens
+    limit = output_bound(request, context_tokens)
+    if streamed_events:
+        streamed = streamed_events * STREAM_TOKENS_PER_EVENT
+        limit = streamed if limit is None else min(limit, streamed)
+    if (  # the common case, checked without building anything: every count within its bound
+        prompt >= 0
+        and completion >= 0
+        and 0 <= cached <= prompt
+        and 0 <= image <= prompt
+        and (limit is None or completion <= limit)
+        and (context_tokens is None or prompt <= context_tokens)
+    ):
+        return BoundedUsage(usage, ())
     anomalies: list[str] = []
     fields = {
         "prompt_tokens": usage.prompt_tokens,
@@ -60,10 +78,6 @@ def bound_usage(
     if any(v < 0 for v in fields.values()):
         anomalies.append("negative")
         fields = {k: max(0, v) for k, v in fields.items()}
-    limit = output_bound(request, context_tokens)
-    if streamed_events:
-        streamed = streamed_events * STREAM_TOKENS_PER_EVENT
-        limit = streamed if limit is None else min(limit, streamed)
     if limit is not None and fields["completion_tokens"] > limit:
         anomalies.append("output_over_bound")
         fields["completion_tokens"] = limit
