@@ -24,12 +24,13 @@ from fleetgate.config_control import (
     LocalProviderConfig,
     election_kind,
 )
-from fleetgate.core.autoscale import ReportingAutoscaler, autoscaler_from
+from fleetgate.core.autoscale import DemandMeter, ReportingAutoscaler, autoscaler_from
 from fleetgate.core.capacity import AllocatorParams
 from fleetgate.core.leader import ElectionTiming, LeaderElection
 from fleetgate.engines.dialects import dialect
 from fleetgate.profiles import replica_capacity_mu_per_min
 from fleetgate.providers.base import ChangeListener, DrainHook, ReplicaProvider
+from fleetgate.providers.demand_share import SharedDemand
 from fleetgate.providers.kubernetes_config import connect as kubernetes_connect
 from fleetgate.providers.kubernetes_rbac import lease_name
 from fleetgate.providers.kubernetes_replicas import KubernetesReplicaProvider
@@ -47,6 +48,9 @@ ProviderFactory = Callable[[ChangeListener, DrainHook], ReplicaProvider]
 #: Builds one deployment's leader elector, given its built provider and the gateway's metrics registry.
 ElectionFactory = Callable[[ReplicaProvider, CollectorRegistry], LeaderElector]
 
+#: Builds one deployment's demand as all gateways see it, given this gateway's meter.
+DemandShareFactory = Callable[[DemandMeter], SharedDemand]
+
 
 @dataclass(slots=True)
 class ControlPlane:
@@ -59,6 +63,8 @@ class ControlPlane:
     initial: dict[str, int] = field(default_factory=dict)
     #: deployments whose replicas several gateways share: only the elected one autoscales and remediates
     elections: dict[str, ElectionFactory] = field(default_factory=dict)
+    #: ... and, with a Redis admission store, the autoscaler reads every gateway's demand
+    demand_shares: dict[str, DemandShareFactory] = field(default_factory=dict)
     #: GPU pools whose allocator sizes their deployments (``capacity_loop``); their autoscalers only decide
     pools: list[PoolPlan] = field(default_factory=list)
 
@@ -146,6 +152,8 @@ def control_plane(cfg: FleetgateConfig) -> ControlPlane:
         election = _election_factory(cfg, dep)
         if election is not None:
             plane.elections[dep.model] = election
+            if cfg.admission.store.kind == "redis" and dep.autoscaler is not None:
+                plane.demand_shares[dep.model] = _demand_share_factory(cfg, dep.model)
     plane.pools = pool_plans(cfg)
     sold = sold_from_config(cfg)
     for plan in plane.pools:  # what each starts with: floors first, within its pool
@@ -198,6 +206,16 @@ def pool_plans(cfg: FleetgateConfig) -> list[PoolPlan]:
                 )
             )
     return plans
+
+
+def _demand_share_factory(cfg: FleetgateConfig, model: str) -> DemandShareFactory:
+    store = cfg.admission.store
+
+    def build(meter: DemandMeter) -> SharedDemand:
+        prefix = f"{store.namespace}:demand:{model}"
+        return SharedDemand(meter, url=store.url, prefix=prefix, identity=candidate_identity())
+
+    return build
 
 
 def _election_factory(cfg: FleetgateConfig, dep: DeploymentConfig) -> ElectionFactory | None:

@@ -22,17 +22,19 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from fleetgate.autoscaler import AutoscalerLoop, AutoscalerMetrics, provider_counts
+from fleetgate.autoscaler.loop import DemandSource
 from fleetgate.capacity_loop import PoolLoop, PoolPlan, pool_loops
 from fleetgate.config import ConfigError, FleetgateConfig
 from fleetgate.control import (
     SIM_COST_PROFILE,
+    DemandShareFactory,
     ElectionFactory,
     ProviderFactory,
     control_plane,
     up_config,
     with_local_defaults,
 )
-from fleetgate.core.autoscale import ReportingAutoscaler
+from fleetgate.core.autoscale import DemandMeter, ReportingAutoscaler
 from fleetgate.core.engine_rates import EngineRateLearner
 from fleetgate.core.health import HealthPolicy, Transition
 from fleetgate.core.lifecycle import LifecycleObserver, SortedOutputHistory
@@ -190,6 +192,7 @@ def build_gateway(
     remediate: Collection[str] | None = None,
     pools: Sequence[PoolPlan] = (),
     elections: Mapping[str, ElectionFactory] | None = None,
+    demand_shares: Mapping[str, DemandShareFactory] | None = None,
 ) -> Gateway:
     """Every gateway object, wired: fleet, upstream client, metrics, admission, health monitors, replica
     providers, autoscaler loops, ops, proxy, app, scraper.
@@ -199,7 +202,8 @@ def build_gateway(
     replicas the gateway manages (``up``: local processes); with health on, it also restarts that
     deployment's hung or crashed replicas (``remediate``: the models whose provider does; default: every
     one with a provider). ``autoscalers[model]`` scales such a deployment through it. ``elections[model]``
-    builds the deployment's leader elector: then only the elected gateway autoscales and remediates.
+    builds the deployment's leader elector: then only the elected gateway autoscales and remediates;
+    ``demand_shares[model]`` makes its autoscaler read every gateway's demand (through Redis).
     ``observers`` see every request's dispatch, first token and completion (``core.lifecycle``).
     ``pools``: GPU pools whose allocator scales their deployments (their autoscalers only decide).
     """
@@ -252,6 +256,8 @@ def build_gateway(
 
         built[model] = factory(changed, drain)
     leaders = {m: f(built[m], metrics.registry) for m, f in (elections or {}).items() if m in built}
+    scaled = set(autoscalers or {})
+    shares = {m: f(_demand_meter(fleet.get(m))) for m, f in (demand_shares or {}).items() if m in scaled}
     if health:
         remediators: dict[str, Remediator] = {
             m: LeaderOnly(p, leaders[m].is_leader) if m in leaders else p
@@ -272,6 +278,7 @@ def build_gateway(
             autoscale_interval_s,
             apply=model not in pooled,
             leader=leaders.get(model),
+            demand=shares.get(model),
         )
         for model, autoscaler in (autoscalers or {}).items()
     }
@@ -332,6 +339,8 @@ def build_gateway(
         server.add_loop("secret-files", secrets.run)
     for model, leader in leaders.items():  # before the loops it gates
         server.add_service(f"leader-{model}", leader.start, leader.stop)
+    for model, share in shares.items():
+        server.add_service(f"demand-{model}", share.start, share.stop)
     for model, monitor in monitors.items():
         server.add_service(f"health-{model}", monitor.start, monitor.stop)
     for model, loop in loops.items():
@@ -445,11 +454,12 @@ def _autoscaler_loop(
     *,
     apply: bool = True,
     leader: LeaderElector | None = None,
+    demand: DemandSource | None = None,
 ) -> AutoscalerLoop:
     """Autoscale ``deployment`` through ``provider`` (``fleetgate.autoscaler.AutoscalerLoop``); the
-    deployment's lifecycle feeds its ``DemandMeter`` (MU started / settled)."""
-    meter = deployment.lifecycle.demand
-    assert meter is not None  # every gateway deployment's lifecycle has one
+    deployment's lifecycle feeds its ``DemandMeter`` (MU started / settled); ``demand``: read instead (every
+    gateway's, ``SharedDemand``)."""
+    meter = demand if demand is not None else _demand_meter(deployment)
 
     def routable(name: str) -> bool:
         replica = deployment.replicas.get(name)
@@ -468,6 +478,12 @@ def _autoscaler_loop(
         clock=clock,
         leading=None if leader is None else leader.is_leader,
     )
+
+
+def _demand_meter(deployment: Deployment) -> DemandMeter:
+    meter = deployment.lifecycle.demand
+    assert meter is not None  # every gateway deployment's lifecycle has one
+    return meter
 
 
 async def drain_replica(deployment: Deployment, name: str, timeout_s: float) -> None:
@@ -573,6 +589,7 @@ async def serve(cfg: FleetgateConfig, *, port: int | None = None, try_model: str
         remediate=plane.remediate,
         pools=plane.pools,
         elections=plane.elections,
+        demand_shares=plane.demand_shares,
     )
     started = False
     try:

@@ -78,7 +78,29 @@ def _scalers(cluster: FakeCluster, since: float = 0.0) -> set[str]:
     return {tok for t, tok, m, p in cluster.calls if t >= since and m == "PATCH" and p.endswith("/scale")}
 
 
-async def _run(tmp_path: Path, extra: dict[str, Any], takeover_limit_s: float) -> dict[str, float]:
+async def _demand(session: aiohttp.ClientSession, url: str) -> float | None:
+    async with session.get(url + "/metrics") as r:
+        text = await r.text()
+    match = re.search(r'^fleetgate_autoscaler_demand_mu_per_minute\{deployment="m"\} (\S+)$', text, re.M)
+    return None if match is None else float(match.group(1))
+
+
+async def _follower_demand_reaches_the_leader(s: aiohttp.ClientSession, urls: list[str], leader: int) -> None:
+    """Requests sent only to a follower show in the leader's autoscaler demand (shared through Redis)."""
+    follower = next(i for i in range(len(urls)) if i != leader)
+    assert await _demand(s, urls[follower]) is None  # a follower's autoscaler does not step
+    for _ in range(6):
+        async with s.post(urls[follower] + "/v1/chat/completions", json=BODY) as r:
+            assert r.status == 200
+    deadline = time.monotonic() + 8.0
+    while not (await _demand(s, urls[leader]) or 0.0) > 0.0:
+        assert time.monotonic() < deadline, "the leader never saw the follower's demand"
+        await asyncio.sleep(0.2)
+
+
+async def _run(
+    tmp_path: Path, extra: dict[str, Any], takeover_limit_s: float, shared_demand: bool = False
+) -> dict[str, float]:
     cluster = FakeCluster(replicas=1, bookmark_interval_s=0.3, termination_grace_s=0.3)
     cluster.token = "admin"
     cluster.tokens = {"gw0", "gw1", "gw2"}
@@ -97,6 +119,8 @@ async def _run(tmp_path: Path, extra: dict[str, Any], takeover_limit_s: float) -
             await asyncio.sleep(1.0)  # a few more renewals and autoscaler periods: still one leader
             assert [await _leading(s, url) for url in urls].count(True) == 1
             assert _scalers(cluster) == {f"gw{first}"}
+            if shared_demand:
+                await _follower_demand_reaches_the_leader(s, urls, first)
 
             gws[first].kill()  # SIGKILL: no release, the lease has to run out
             killed_at = time.monotonic()
@@ -174,7 +198,8 @@ async def test_lease_records_the_holders_and_transitions(tmp_path: Path) -> None
 
 @pytest.mark.skipif(not os.environ.get("FLEETGATE_TEST_REDIS_URL"), reason="needs FLEETGATE_TEST_REDIS_URL")
 async def test_three_gateways_elect_through_a_redis_lock(tmp_path: Path) -> None:
-    """``leader_election: {kind: redis}`` (the admission store's Redis): as above, with a shorter lease."""
+    """``leader_election: {kind: redis}`` (the admission store's Redis): as above, with a shorter lease; and
+    the leader's autoscaler reads the demand of requests only a follower admitted."""
     import redis.asyncio as aioredis
 
     url = os.environ["FLEETGATE_TEST_REDIS_URL"]
@@ -189,7 +214,7 @@ async def test_three_gateways_elect_through_a_redis_lock(tmp_path: Path) -> None
     }  # fmt: skip
     r = aioredis.Redis.from_url(url)
     try:
-        await _run(tmp_path, extra, takeover_limit_s=6.0)
+        await _run(tmp_path, extra, takeover_limit_s=6.0, shared_demand=True)
         assert await r.exists(f"{namespace}:leader:m")
     finally:
         keys = [k async for k in r.scan_iter(f"{namespace}:*")]

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from fleetgate.core.autoscale import AutoscaleContext, DemandMeter, ReportingAutoscaler
+from fleetgate.core.autoscale import AutoscaleContext, ReportingAutoscaler
 from fleetgate.providers.base import ReplicaCounts, ReplicaProvider, ReplicaStatus
 
 log = logging.getLogger("fleetgate.autoscaler")
@@ -101,6 +101,19 @@ def provider_counts(provider: ReplicaProvider, routable: Callable[[str], bool] |
     return counts
 
 
+class DemandSource(Protocol):
+    """What the loop reads demand from: one gateway's ``DemandMeter``, or every gateway's
+    (``providers.demand_share.SharedDemand``)."""
+
+    @property
+    def inflight_mu(self) -> float: ...
+
+    @property
+    def inflight_requests(self) -> int: ...
+
+    def settled_mu_per_min(self, now_s: float) -> float: ...
+
+
 class AutoscalerLoop:
     """Periodic autoscaling of one deployment."""
 
@@ -109,7 +122,7 @@ class AutoscalerLoop:
         *,
         deployment: str,
         autoscaler: ReportingAutoscaler,
-        meter: DemandMeter,
+        meter: DemandSource,
         counts: CountsFn,
         target: ScaleTarget | None,
         capacity_mu_per_min: float,
