@@ -83,7 +83,10 @@ def gateway(tools: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Iter
                     "capacity_mu_per_min": 1_000_000,
                 }
             ],
-            "tenants": [{"name": "eco", "api_keys": [KEY], "reserved_mu_per_min": {MODEL: 100_000}}],
+            # The whole replica reserved for the one tenant: MU are scaled to capacity_mu_per_min, and a tool
+            # call settles ~0.25 % of it, so a 10 % reservation paced each request after the burst to ~1.5 s
+            # (the clients here test compatibility, not admission: test_gateway_admission.py does that).
+            "tenants": [{"name": "eco", "api_keys": [KEY], "reserved_mu_per_min": {MODEL: 1_000_000}}],
             "admission": {"burst_s": 10, "admin_api_keys": [ADMIN_KEY]},
         }
         path = tmp_path_factory.mktemp("eco") / "gateway.yaml"
