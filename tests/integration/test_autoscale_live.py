@@ -1,7 +1,7 @@
 """Live autoscaling with the local process provider and real simulated-engine processes.
 
 Load steps from 10 % to 90 % of the fleet's maximum capacity and back. The autoscaler loop (the real one, with
-fleetgate's policy on shortened windows: the test takes under a minute) must scale up on the step, scale
+fleetgate's policy on shortened windows: the test takes about half a minute) must scale up on the step, scale
 down only after the delay, and every request sent must complete: scale-down drains a replica (no new requests,
 in-flight ones finish) before the provider stops it. The dispatcher here is a minimal least-loaded picker in
 the test standing in for the gateway, which feeds the same ``DemandMeter``.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -24,7 +25,9 @@ from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
 pytestmark = pytest.mark.timeout(240)
 
 MODEL = "fleetgate-sim"
-CAPACITY = 60.0  # MU per replica per minute; each request costs 1 MU here
+#: MU per replica per minute; each request costs 1 MU here: a replica is "full" at 2 requests/s, so the 90 %
+#: step sends 7.2 requests/s and reaches the four replicas' worth of evidence in a few seconds
+CAPACITY = 120.0
 MAX_REPLICAS = 4
 
 
@@ -80,10 +83,22 @@ class Dispatcher:
             self.meter.finish(1.0, 1.0, time.monotonic())
 
 
-async def _drive(d: Dispatcher, session: aiohttp.ClientSession, rps: float, seconds: float) -> None:
+async def _drive(
+    d: Dispatcher,
+    session: aiohttp.ClientSession,
+    rps: float,
+    seconds: float,
+    until: Callable[[], bool] | None = None,
+    then_s: float = 0.0,
+) -> None:
+    """Send at ``rps`` for ``seconds``; with ``until``, stop ``then_s`` after it first holds (the phase has
+    shown what it is for) if that comes earlier. Every request sent is awaited."""
     tasks = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
+        if until is not None and until():
+            end = min(end, time.monotonic() + then_s)
+            until = None
         tasks.append(asyncio.create_task(d.send(session)))
         await asyncio.sleep(1.0 / rps)
     await asyncio.gather(*tasks)
@@ -125,12 +140,22 @@ async def test_step_up_then_down_loses_nothing() -> None:
             await _drive(d, session, 0.1 * full_rps, 6.0)
             assert len(await prov.list()) == 1
             t_step = time.monotonic()
-            await _drive(d, session, 0.9 * full_rps, 14.0)
+
+            def at_max() -> bool:
+                return any(t >= t_step and n == MAX_REPLICAS for t, n, _, _ in loop.history)
+
+            # 90 % until the fleet is at its maximum, then 5 s more on all four (at most 14 s)
+            await _drive(d, session, 0.9 * full_rps, 14.0, until=at_max, then_s=5.0)
             ups = [(t, n) for t, n, _, _ in loop.history if t >= t_step and n > 1]
             assert ups, "no scale-up on the step to 90 %"
             assert max(n for _, n in ups) == MAX_REPLICAS
             t_drop = time.monotonic()
-            await _drive(d, session, 0.1 * full_rps, 20.0)
+
+            def scaled_down() -> bool:
+                return any(t >= t_drop and n < MAX_REPLICAS for t, n, _, _ in loop.history)
+
+            # 10 % until the first scale-down, then 3 s more while the drained replica stops (at most 20 s)
+            await _drive(d, session, 0.1 * full_rps, 20.0, until=scaled_down, then_s=3.0)
         await loop.stop()
         await loop.wait_applied()
         downs = [(t, n) for t, n, _, _ in loop.history if t >= t_drop and n < MAX_REPLICAS]

@@ -13,6 +13,7 @@ import asyncio
 import re
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +78,22 @@ class Load:
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.failed.append(repr(exc))
 
-    async def drive(self, session: aiohttp.ClientSession, rps: float, seconds: float) -> None:
+    async def drive(
+        self,
+        session: aiohttp.ClientSession,
+        rps: float,
+        seconds: float,
+        until: Callable[[], bool] | None = None,
+        then_s: float = 0.0,
+    ) -> None:
+        """Send at ``rps`` for ``seconds``; with ``until``, stop ``then_s`` after it first holds (the phase
+        has shown what it is for) if that comes earlier. Every request sent is awaited."""
         tasks = []
         end = time.monotonic() + seconds
         while time.monotonic() < end:
+            if until is not None and until():
+                end = min(end, time.monotonic() + then_s)
+                until = None
             tasks.append(asyncio.create_task(self.one(session)))
             await asyncio.sleep(1.0 / rps)
         await asyncio.gather(*tasks)
@@ -93,8 +106,9 @@ async def test_serve_local_provider_steps_up_then_down_losing_nothing(tools: Any
     mu = profile.estimate(2, 64)  # what one request settles
     params = {
         "policy": "fleetgate",
-        # a replica "full" at one request per second, so that a few requests per second need four
-        "target_utilisation": 60.0 * mu / profile.capacity_mu_per_min,
+        # a replica "full" at two requests per second, so that a few requests per second need four (and
+        # the 90 % step gathers its evidence, > 50 requests on up to four replicas, in a few seconds)
+        "target_utilisation": 120.0 * mu / profile.capacity_mu_per_min,
         "max_replicas": MAX_REPLICAS,
         "stable_window_s": 4.0,
         "panic_window_s": 1.0,
@@ -108,7 +122,7 @@ async def test_serve_local_provider_steps_up_then_down_losing_nothing(tools: Any
         tmp_path,
         {
             "model": MODEL,
-            "demand_window_s": 5.0,  # as test_autoscale_live.py's meter: the test takes about a minute
+            "demand_window_s": 5.0,  # as test_autoscale_live.py's meter: the test takes about half a minute
             "provider": {"kind": "local", "engine_args": ["--time-scale", "0.05"], "replicas": 1},
             "autoscaler": params,
         },
@@ -127,18 +141,28 @@ async def test_serve_local_provider_steps_up_then_down_losing_nothing(tools: Any
         url = gw.wait_ready(60)
         assert len(tools.children_of(gw.pid)) == 1
         load = Load(url)
-        full_rps = float(MAX_REPLICAS)
+        full_rps = 2.0 * MAX_REPLICAS
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             watcher = asyncio.create_task(watch(session))
             try:
                 await load.drive(session, 0.1 * full_rps, 6.0)
                 assert max(n for _, n in history) == 1
                 t_step = time.monotonic()
-                await load.drive(session, 0.9 * full_rps, 14.0)
+
+                def at_max() -> bool:
+                    return any(t >= t_step and n >= MAX_REPLICAS for t, n in history)
+
+                # 90 % until the fleet is at its maximum, then 5 s more on all four (at most 14 s)
+                await load.drive(session, 0.9 * full_rps, 14.0, until=at_max, then_s=5.0)
                 ups = [n for t, n in history if t >= t_step]
                 assert ups and max(ups) >= 3, f"no scale-up on the step to 90 %: {history[-10:]}"
                 t_drop = time.monotonic()
-                await load.drive(session, 0.1 * full_rps, 20.0)
+
+                def scaled_down() -> bool:
+                    return any(t >= t_drop and n < max(ups) for t, n in history)
+
+                # 10 % until the first scale-down, then 3 s more while the drained one stops (at most 20 s)
+                await load.drive(session, 0.1 * full_rps, 20.0, until=scaled_down, then_s=3.0)
             finally:
                 watcher.cancel()
         downs = [(t, n) for t, n in history if t >= t_drop and n < max(ups)]
@@ -186,7 +210,11 @@ async def test_serve_local_provider_restarts_a_hung_replica(tools: Any, tmp_path
             async with session.post(replicas[victim] + "/admin/fault", json={"kind": "hang"}) as r:
                 assert r.status == 200
             t0 = time.monotonic()
-            traffic = asyncio.create_task(load.drive(session, 2.0, 30.0))
+            serving_again = asyncio.Event()
+            # 2 requests/s through the hang until 3 s after the victim serves again (at most 30 s)
+            traffic = asyncio.create_task(
+                load.drive(session, 2.0, 30.0, until=serving_again.is_set, then_s=3.0)
+            )
             restarted = None
             while time.monotonic() - t0 < 35.0:
                 text = await metrics(session)
@@ -201,6 +229,7 @@ async def test_serve_local_provider_restarts_a_hung_replica(tools: Any, tmp_path
                 )
                 if done == 1.0 and state(text, victim, "healthy") == 1.0:
                     restarted = time.monotonic() - t0
+                    serving_again.set()
                     break
                 await asyncio.sleep(0.25)
             await traffic
