@@ -31,7 +31,6 @@ from fleetgate.engines.dialects import dialect
 from fleetgate.profiles import replica_capacity_mu_per_min
 from fleetgate.providers.base import ChangeListener, DrainHook, ReplicaProvider
 from fleetgate.providers.demand_share import SharedDemand
-from fleetgate.providers.kubernetes_config import connect as kubernetes_connect
 from fleetgate.providers.kubernetes_rbac import lease_name
 from fleetgate.providers.kubernetes_replicas import KubernetesReplicaProvider
 from fleetgate.providers.leader import LeaderElector, LeaseStore, RedisLeaseStore, candidate_identity
@@ -115,6 +114,8 @@ def _local_factory(model: str, dep: DeploymentConfig, local: LocalProviderConfig
 def _kubernetes_factory(k8s: KubernetesProviderConfig) -> ProviderFactory:
     """The engine Deployment's replicas from its Service's EndpointSlices (watched); the Deployment owns
     the count, so nothing is asked for before the gateway listens."""
+    from fleetgate.providers.kubernetes_config import connect as kubernetes_connect  # its client: ~0.3 s
+
     make_api = functools.partial(
         kubernetes_connect,
         deployment=k8s.deployment,
