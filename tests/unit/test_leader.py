@@ -159,3 +159,41 @@ def test_config_election_needs_its_store() -> None:
     ]
     with pytest.raises(ConfigError, match="retry_period_s < renew_deadline_s < lease_duration_s"):
         parse_config({"deployments": [{"model": "a", "leader_election": {"renew_deadline_s": 20}}]})
+
+
+async def test_autoscaler_loop_steps_only_while_leading_and_drops_its_gauges_after() -> None:
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from fleetgate.autoscaler import AutoscalerLoop, ReplicaCounts
+    from fleetgate.core.autoscale import DemandMeter, build_autoscaler
+
+    leading = [False]
+    scaled: list[int] = []
+
+    class Target:
+        async def scale_to(self, n: int) -> list[object]:
+            scaled.append(n)
+            return []
+
+    reg = CollectorRegistry()
+    loop = AutoscalerLoop(
+        deployment="m", autoscaler=build_autoscaler("static", {"replicas": 3}), meter=DemandMeter(),
+        counts=lambda: ReplicaCounts(current=1, ready=1, starting=0), target=Target(),
+        capacity_mu_per_min=100.0, registry=reg, interval_s=0.02, leading=lambda: leading[0],
+    )  # fmt: skip
+    gauge = "fleetgate_autoscaler_desired_replicas"
+    await loop.start()
+    try:
+        await asyncio.sleep(0.1)
+        assert scaled == [] and reg.get_sample_value(gauge, {"deployment": "m"}) is None  # a follower
+        leading[0] = True
+        await asyncio.sleep(0.1)
+        assert scaled and set(scaled) == {3}
+        assert reg.get_sample_value(gauge, {"deployment": "m"}) == 3
+        leading[0] = False
+        await asyncio.sleep(0.1)
+        assert reg.get_sample_value(gauge, {"deployment": "m"}) is None and loop.desired is None
+    finally:
+        await loop.stop()

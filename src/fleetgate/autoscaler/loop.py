@@ -191,6 +191,8 @@ class AutoscalerLoop:
             try:
                 if self.leading is None or self.leading():
                     await self.step()
+                elif self.desired is not None:
+                    self.step_down()
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep scaling alive through a provider hiccup
@@ -202,6 +204,16 @@ class AutoscalerLoop:
         if inspect.isawaitable(got):
             return await got
         return got
+
+    def step_down(self) -> None:
+        """Another gateway leads now: forget the policy state and drop this deployment's gauges, so that
+        only the leader exports a decision."""
+        self.state = None
+        self.desired = None
+        m = self.metrics
+        for gauge in (m.desired, m.utilisation, m.demand, m.ready, m.starting, m.panic):
+            with contextlib.suppress(KeyError):
+                gauge.remove(self.deployment)
 
     async def step(self) -> int:
         """One decision; returns the desired count (applied when ``apply``)."""
