@@ -168,8 +168,12 @@ class PoolLoop:
         registry: CollectorRegistry | None = None,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        leading: Callable[[], bool] | None = None,
     ) -> None:
+        """``leading``: with several gateways, whether this one leads the pool (it then allocates; the
+        others only route)."""
         self.plan = plan
+        self.leading = leading
         self.members = [_Member(m, providers[m.model], desired.get(m.model, _none)) for m in plan.members]
         self.sold = sold
         self.metrics = PoolMetrics(registry if registry is not None else CollectorRegistry())
@@ -205,7 +209,8 @@ class PoolLoop:
     async def _run(self) -> None:
         while True:
             try:
-                await self.step()
+                if self.leading is None or self.leading():
+                    await self.step()
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep allocating through a provider hiccup
@@ -317,11 +322,20 @@ def pool_loops(
     registry: CollectorRegistry,
     interval_s: float,
     clock: Callable[[], float],
+    leading: Mapping[str, Callable[[], bool]] | None = None,
 ) -> dict[str, PoolLoop]:
-    """One loop per pool whose deployments all have a provider the gateway manages."""
+    """One loop per pool whose deployments all have a provider the gateway manages (``leading[pool]``:
+    whether this gateway leads it, with several gateways)."""
     return {
         plan.name: PoolLoop(
-            plan, providers, desired, sold, registry=registry, interval_s=interval_s, clock=clock
+            plan,
+            providers,
+            desired,
+            sold,
+            registry=registry,
+            interval_s=interval_s,
+            clock=clock,
+            leading=(leading or {}).get(plan.name),
         )
         for plan in plans
         if plan.members and all(m.model in providers for m in plan.members)

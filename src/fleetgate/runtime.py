@@ -267,6 +267,15 @@ def build_gateway(
         monitors.update(_health_monitors(fleet, metrics.registry, remediators))
 
     pooled = {m.model for plan in pools for m in plan.members}
+    # A pool is led where its first member is: its allocation and its members' autoscaler decisions run on
+    # that one gateway (remediation stays with each member's own leader).
+    pool_leaders = {
+        p.name: leaders[p.members[0].model] for p in pools if p.members and p.members[0].model in leaders
+    }
+    loop_leaders = dict(leaders)
+    for plan in pools:
+        if plan.name in pool_leaders:
+            loop_leaders.update({m.model: pool_leaders[plan.name] for m in plan.members})
     scale_metrics = AutoscalerMetrics(metrics.registry) if autoscalers else None  # one set for all loops
     loops = {
         model: _autoscaler_loop(
@@ -277,7 +286,7 @@ def build_gateway(
             clock,
             autoscale_interval_s,
             apply=model not in pooled,
-            leader=leaders.get(model),
+            leader=loop_leaders.get(model),
             demand=shares.get(model),
         )
         for model, autoscaler in (autoscalers or {}).items()
@@ -290,6 +299,7 @@ def build_gateway(
         registry=metrics.registry,
         interval_s=autoscale_interval_s,
         clock=clock,
+        leading={name: leader.is_leader for name, leader in pool_leaders.items()},
     )
     ops = Ops(cfg.ops, fleet=fleet, admission=gate, clock=clock, autoscalers=loops)
     proxy = Proxy(

@@ -197,3 +197,34 @@ async def test_autoscaler_loop_steps_only_while_leading_and_drops_its_gauges_aft
         assert reg.get_sample_value(gauge, {"deployment": "m"}) is None and loop.desired is None
     finally:
         await loop.stop()
+
+
+async def test_pool_loop_allocates_only_on_the_pool_leader() -> None:
+    import asyncio
+
+    from fleetgate.capacity_loop import PoolLoop, PoolMemberPlan, PoolPlan
+    from fleetgate.providers.base import ReplicaInfo, ReplicaStatus
+
+    scaled: list[int] = []
+
+    class Provider:
+        async def list(self) -> list[ReplicaInfo]:
+            return [ReplicaInfo("r0", "http://127.0.0.1:1", ReplicaStatus.RUNNING)]
+
+        async def scale_to(self, n: int) -> list[ReplicaInfo]:
+            scaled.append(n)
+            return await self.list()
+
+    plan = PoolPlan("p", 4, (PoolMemberPlan("m", 1, 100.0, 0.7, replicas=3),))
+    leading = [False]
+    loop = PoolLoop(plan, {"m": Provider()}, {}, lambda _m: 0.0, interval_s=0.02, leading=lambda: leading[0])
+    await loop.start()
+    try:
+        await asyncio.sleep(0.1)
+        assert scaled == [] and loop.last is None  # a follower allocates nothing
+        leading[0] = True
+        await asyncio.sleep(0.2)
+        await loop.wait_applied()
+        assert scaled and scaled[-1] == 3
+    finally:
+        await loop.stop()
