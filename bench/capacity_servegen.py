@@ -77,12 +77,14 @@ def base_scenario(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def size_pool(raw: dict[str, Any], peaks: dict[str, int]) -> dict[str, Any]:
+def size_pool(
+    raw: dict[str, Any], peaks: dict[str, int], pool_fraction: float = 0.6, reserved_fraction: float = 0.3
+) -> dict[str, Any]:
     """Pool at 60 % of the own peaks; floors of the largest tenants at 30 % of the pool."""
     table = load_rate_table(default_traces_dir() / "servegen" / "rates_language_m-large.csv")
-    replicas = math.floor(0.6 * sum(peaks.values()))
+    replicas = math.floor(pool_fraction * sum(peaks.values()))
     pool = replicas * GPUS_PER_REPLICA
-    floors_total = math.floor(0.3 * replicas)
+    floors_total = math.floor(reserved_fraction * replicas)
     tops = [d["tenants"][0] for d in raw["deployments"]]
     mean = {t: float(table.rates[t].mean()) for t in tops}
     exact = {t: floors_total * mean[t] / sum(mean.values()) for t in tops}
@@ -99,14 +101,15 @@ def size_pool(raw: dict[str, Any], peaks: dict[str, int]) -> dict[str, Any]:
     return out
 
 
-def write_yaml(raw: dict[str, Any], path: Path, peaks: dict[str, int]) -> None:
+def write_yaml(raw: dict[str, Any], path: Path, peaks: dict[str, int], pool_f: float, res_f: float) -> None:
     head = (
         "# Issue 18 acceptance scenario, written by bench/capacity_servegen.py (rerun it, do not edit).\n"
         "# Split: ServeGen m-large columns sorted by total requests (largest first), dealt round-robin to\n"
         "# chat-a..chat-d. Own peaks (independent, unbounded pool): "
         + ", ".join(f"{k} {v}" for k, v in peaks.items())
-        + f" replicas.\n# Pool: 60% of their sum x {GPUS_PER_REPLICA} GPUs. Reservations: the largest "
-        "tenant of each deployment;\n# floors together 30% of the pool, shared by mean MU/min.\n"
+        + f" replicas.\n# Pool: {pool_f:.0%} of their sum x {GPUS_PER_REPLICA} GPUs. Reservations: the "
+        f"largest tenant of each deployment;\n# floors together {res_f:.0%} of the pool, shared by mean "
+        "MU/min.\n"
     )
     flow = yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=110)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,13 +124,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=HERE / "results" / "capacity_servegen.json")
     ap.add_argument("--plot", type=Path, default=HERE / "results" / "capacity_servegen_allocation.png")
     ap.add_argument("--modes", default="fleetgate,independent,static")
+    ap.add_argument("--pool-fraction", type=float, default=0.6, help="Pool / sum of the own peaks.")
+    ap.add_argument("--reserved-fraction", type=float, default=0.3, help="Floors / pool.")
+    ap.add_argument("--peaks-from", type=Path, default=None, help="Own peaks from an earlier --json output.")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     raw = base_scenario(args)
-    own = run_scenario(Scenario.model_validate(raw), "independent")
-    peaks = {k: int(v["peak_replicas"]) for k, v in own["deployments"].items()}
-    raw = size_pool(raw, peaks)
-    write_yaml(raw, args.scenario, peaks)
+    if args.peaks_from is not None:
+        peaks = {
+            k: int(v) for k, v in orjson.loads(args.peaks_from.read_bytes())["meta"]["own_peaks"].items()
+        }
+    else:
+        own = run_scenario(Scenario.model_validate(raw), "independent")
+        peaks = {k: int(v["peak_replicas"]) for k, v in own["deployments"].items()}
+    raw = size_pool(raw, peaks, args.pool_fraction, args.reserved_fraction)
+    write_yaml(raw, args.scenario, peaks, args.pool_fraction, args.reserved_fraction)
     scenario = Scenario.model_validate(raw)
     deps = build_deployments(scenario, None)  # one workload draw for every mode
     summaries = {
@@ -166,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
         "own_peaks": peaks,
+        "pool_fraction": args.pool_fraction,
+        "reserved_fraction": args.reserved_fraction,
         "pool_gpus": scenario.pool.gpus,
         "busiest_day": day,
         "wall_s": time.perf_counter() - t0,

@@ -161,19 +161,20 @@ def summarise(sim: CapacitySimulator, rec: Recorder, wall_s: float) -> dict[str,
     out["_allocation"] = rec.allocation
     out["_deployments"] = [d.spec.name for d in deps]
     out["_gpus_per_replica"] = [d.spec.gpus_per_replica for d in deps]
+    per_day = max(1, round(86400.0 / dt))
+    offered = np.zeros(max(1, math.ceil(rec.n_steps / per_day)))
+    for d in deps:
+        for g in d.groups:
+            c = g.counts[: rec.n_steps]
+            offered += np.bincount(np.arange(len(c)) // per_day, weights=c, minlength=len(offered))
+    out["_offered_per_day"] = offered.tolist()
     return out
 
 
 def busiest_day(summary: dict[str, Any]) -> int:
-    """The day (0-based) whose allocation rows show the most replicas wanted (the autoscalers' desire)."""
-    rows = np.asarray(summary["_allocation"], dtype=np.float64)
-    if rows.size == 0:
-        return 0
-    n = len(summary["_deployments"])
-    gpr = np.asarray(summary["_gpus_per_replica"], dtype=np.float64)
-    wanted = (rows[:, 1:].reshape(len(rows), n, 5)[:, :, 3] * gpr).sum(axis=1)
-    day = (rows[:, 0] // 86400).astype(np.int64)
-    return int(np.argmax(np.bincount(day, weights=wanted)))
+    """The (0-based) day with the most requests offered to the pool."""
+    offered = summary.get("_offered_per_day") or [0.0]
+    return int(np.argmax(offered))
 
 
 def plot_allocation(summaries: dict[str, dict[str, Any]], out: Path, day: int, title: str) -> None:
