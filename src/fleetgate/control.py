@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from prometheus_client import CollectorRegistry
 
 from fleetgate.capacity_loop import PoolMemberPlan, PoolPlan
 from fleetgate.config import ConfigError, DeploymentConfig, FleetgateConfig
@@ -33,7 +32,13 @@ from fleetgate.providers.base import ChangeListener, DrainHook, ReplicaProvider
 from fleetgate.providers.demand_share import SharedDemand
 from fleetgate.providers.kubernetes_rbac import lease_name
 from fleetgate.providers.kubernetes_replicas import KubernetesReplicaProvider
-from fleetgate.providers.leader import LeaderElector, LeaseStore, RedisLeaseStore, candidate_identity
+from fleetgate.providers.leader import (
+    LeaderElector,
+    LeaderMetrics,
+    LeaseStore,
+    RedisLeaseStore,
+    candidate_identity,
+)
 from fleetgate.providers.leader_lease import KubernetesLeaseStore
 from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
 
@@ -44,8 +49,8 @@ SIM_COST_PROFILE = "fleetgate-sim"
 #: list after every change, and "drain this replica" before it stops one.
 ProviderFactory = Callable[[ChangeListener, DrainHook], ReplicaProvider]
 
-#: Builds one deployment's leader elector, given its built provider and the gateway's metrics registry.
-ElectionFactory = Callable[[ReplicaProvider, CollectorRegistry], LeaderElector]
+#: Builds one deployment's leader elector, given its built provider and the gateway's leader gauge family.
+ElectionFactory = Callable[[ReplicaProvider, LeaderMetrics], LeaderElector]
 
 #: Builds one deployment's demand as all gateways see it, given this gateway's meter.
 DemandShareFactory = Callable[[DemandMeter], SharedDemand]
@@ -229,7 +234,7 @@ def _election_factory(cfg: FleetgateConfig, dep: DeploymentConfig) -> ElectionFa
     store_cfg = cfg.admission.store
     k8s = dep.provider if isinstance(dep.provider, KubernetesProviderConfig) else None
 
-    def build(provider: ReplicaProvider, registry: CollectorRegistry) -> LeaderElector:
+    def build(provider: ReplicaProvider, metrics: LeaderMetrics) -> LeaderElector:
         store: LeaseStore
         if kind == "lease":
             assert k8s is not None and isinstance(provider, KubernetesReplicaProvider)
@@ -237,7 +242,7 @@ def _election_factory(cfg: FleetgateConfig, dep: DeploymentConfig) -> ElectionFa
         else:
             store = RedisLeaseStore(store_cfg.url, f"{store_cfg.namespace}:leader:{dep.model}")
         election = LeaderElection(candidate_identity(), timing)
-        return LeaderElector(store, election, deployment=dep.model, registry=registry)
+        return LeaderElector(store, election, deployment=dep.model, metrics=metrics)
 
     return build
 

@@ -57,7 +57,7 @@ from fleetgate.health.monitor import HealthMonitor, Remediator
 from fleetgate.ops.web import Ops
 from fleetgate.providers.base import ProviderError, ReplicaInfo, ReplicaProvider
 from fleetgate.providers.kubernetes_replicas import KubernetesReplicaProvider
-from fleetgate.providers.leader import LeaderElector, LeaderOnly
+from fleetgate.providers.leader import LeaderElector, LeaderMetrics, LeaderOnly
 from fleetgate.providers.local import LocalProcessProvider
 
 if TYPE_CHECKING:
@@ -255,7 +255,8 @@ def build_gateway(
             sync(model, infos)
 
         built[model] = factory(changed, drain)
-    leaders = {m: f(built[m], metrics.registry) for m, f in (elections or {}).items() if m in built}
+    leader_metrics = LeaderMetrics(metrics.registry if elections else None)  # registered only when used
+    leaders = {m: f(built[m], leader_metrics) for m, f in (elections or {}).items() if m in built}
     scaled = set(autoscalers or {})
     shares = {m: f(_demand_meter(fleet.get(m))) for m, f in (demand_shares or {}).items() if m in scaled}
     if health:

@@ -228,3 +228,23 @@ async def test_pool_loop_allocates_only_on_the_pool_leader() -> None:
         assert scaled and scaled[-1] == 3
     finally:
         await loop.stop()
+
+
+def test_two_elected_deployments_in_one_gateway_share_the_leader_gauge() -> None:
+    from prometheus_client import generate_latest
+
+    from fleetgate.config import parse_config
+    from fleetgate.control import control_plane
+    from fleetgate.runtime import build_gateway
+
+    def k8s(name: str) -> dict[str, str]:
+        return {"kind": "kubernetes", "deployment": name, "service": name}
+
+    cfg = parse_config(
+        {"deployments": [{"model": "a", "provider": k8s("a")}, {"model": "b", "provider": k8s("b")}]}
+    )
+    plane = control_plane(cfg)
+    assert set(plane.elections) == {"a", "b"}
+    gw = build_gateway(cfg, providers=plane.providers, elections=plane.elections)
+    text = generate_latest(gw.proxy.metrics.registry).decode()
+    assert 'fleetgate_leader{deployment="a"} 0.0' in text and 'fleetgate_leader{deployment="b"} 0.0' in text

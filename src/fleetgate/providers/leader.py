@@ -53,6 +53,18 @@ class LeaseStore(Protocol):
     async def close(self) -> None: ...
 
 
+class LeaderMetrics:
+    """``fleetgate_leader{deployment}``: one family for all of a gateway's electors (registered once)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.leader = Gauge(
+            "fleetgate_leader",
+            "1 on the gateway replica that runs the deployment's autoscaler and remediation.",
+            ["deployment"],
+            registry=registry,
+        )
+
+
 def candidate_identity() -> str:
     """This process among the candidates: the pod (host) name and a random suffix, as a restarted pod
     with the same name is another candidate."""
@@ -69,7 +81,7 @@ class LeaderElector:
         election: LeaderElection,
         *,
         deployment: str,
-        registry: CollectorRegistry | None = None,
+        metrics: LeaderMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -81,13 +93,8 @@ class LeaderElector:
         self._version: str | None = None
         self._was_leading = False
         self._task: asyncio.Task[None] | None = None
-        gauge = Gauge(
-            "fleetgate_leader",
-            "1 on the gateway replica that runs the deployment's autoscaler and remediation.",
-            ["deployment"],
-            registry=registry,
-        )
-        gauge.labels(deployment).set_function(lambda: 1.0 if self.is_leader() else 0.0)
+        metrics = metrics or LeaderMetrics()
+        metrics.leader.labels(deployment).set_function(lambda: 1.0 if self.is_leader() else 0.0)
 
     @property
     def identity(self) -> str:
