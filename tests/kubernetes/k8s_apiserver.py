@@ -162,6 +162,7 @@ class FakeCluster:
         self.token: str | None = None  # when set, requests without ``Authorization: Bearer <token>`` get 401
         self.tokens: set[str] = set()  # more accepted tokens (one per gateway, to tell callers apart)
         self.calls: list[tuple[float, str, str, str]] = []  # monotonic time, caller's token, method, path
+        self.partitioned: set[str] = set()  # callers whose new requests get no answer (a black-holed link)
         self.expired_as_http = False  # 410 for a stale watch: an ERROR event (watch cache) or an HTTP 410
         self.retry_after_s = 1
         self.requests: list[tuple[float, str, str, int]] = []  # monotonic time, method, path, status
@@ -473,6 +474,8 @@ class ApiServer:
             )  # fmt: skip
         bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
         c.calls.append((time.monotonic(), bearer, request.method, request.path))
+        if bearer in c.partitioned:
+            await asyncio.sleep(3600)  # until the caller gives up (its timeout) or the server stops
         if c.token is not None and bearer != c.token and bearer not in c.tokens:
             c.requests.append((time.monotonic(), request.method, request.path_qs, 401))
             return status_response(401, "Unauthorized", "Unauthorized")

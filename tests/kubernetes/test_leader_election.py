@@ -196,6 +196,56 @@ async def test_lease_records_the_holders_and_transitions(tmp_path: Path) -> None
         await cluster.close()
 
 
+async def test_a_leader_cut_off_from_the_api_server_stops_before_another_takes_over(tmp_path: Path) -> None:
+    """The leader's requests to the API server go unanswered (a black-holed link, not an error): it stops
+    leading at its renew deadline, before the other gateway may take the lease, and never acts again while
+    cut off; the other takes over once the lease runs out (short timing: lease 3 s, renew 2 s)."""
+    cluster = FakeCluster(replicas=1, bookmark_interval_s=0.3, termination_grace_s=0.3)
+    cluster.token = "admin"
+    cluster.tokens = {"gw0", "gw1"}
+    server = ApiServer(cluster)
+    await cluster.start()
+    await server.start_http()
+    short = {
+        "deployment": {
+            "leader_election": {"lease_duration_s": 3, "renew_deadline_s": 2, "retry_period_s": 0.5}
+        }
+    }
+    gws = [_gateway(server, tmp_path, i, short) for i in range(2)]
+    try:
+        urls = await asyncio.gather(*(asyncio.to_thread(gw.wait_ready, 60.0) for gw in gws))
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
+            await cluster.wait_for(lambda: cluster.desired == 2, 30.0)
+            (first,) = [i for i, url in enumerate(urls) if await _leading(s, url)]
+            other = 1 - first
+            cluster.partitioned.add(f"gw{first}")
+            cut = time.monotonic()
+            stepped_down = took_over = None
+            while took_over is None:
+                now = time.monotonic() - cut
+                assert now < 15.0, "no takeover after the partition"
+                old, new = await _leading(s, urls[first]), await _leading(s, urls[other])
+                assert not (old and new), f"two leaders at {now:.1f} s"
+                if not old and stepped_down is None:
+                    stepped_down = now
+                if new:
+                    took_over = now
+                await asyncio.sleep(0.05)
+            assert stepped_down is not None and stepped_down <= 2.5 and stepped_down < took_over
+            cluster.scale(1)
+            await cluster.wait_for(lambda: cluster.desired == 2, 10.0)
+            assert _scalers(cluster, cut) == {f"gw{other}"}
+            # the cut-off gateway still routes to the replicas it knows
+            async with s.post(urls[first] + "/v1/chat/completions", json=BODY) as r:
+                assert r.status == 200
+        print(f"partitioned leader stopped after {stepped_down:.1f} s, the other led after {took_over:.1f} s")
+    finally:
+        for gw in gws:
+            gw.kill()
+        await server.stop_http()
+        await cluster.close()
+
+
 @pytest.mark.skipif(not os.environ.get("FLEETGATE_TEST_REDIS_URL"), reason="needs FLEETGATE_TEST_REDIS_URL")
 async def test_three_gateways_elect_through_a_redis_lock(tmp_path: Path) -> None:
     """``leader_election: {kind: redis}`` (the admission store's Redis): as above, with a shorter lease; and
