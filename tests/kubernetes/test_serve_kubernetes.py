@@ -52,6 +52,8 @@ def _start_serve(cluster: FakeCluster, server: ApiServer, tmp_path: Path) -> Any
     deployment = {
         "model": "m",
         "provider": {"kind": "kubernetes", "deployment": "engine", "service": "engine", "port": "http"},
+        # short enough that the 3 s outage below outlasts the renew deadline
+        "leader_election": {"lease_duration_s": 2.0, "renew_deadline_s": 1.5, "retry_period_s": 0.5},
     }
     config.write_text(yaml.safe_dump({
         "gateway": {"port": _free_port()}, "deployments": [deployment], "ops": {"access_log": False},
@@ -62,6 +64,11 @@ def _start_serve(cluster: FakeCluster, server: ApiServer, tmp_path: Path) -> Any
         name="fleetgate-serve",
         env={"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""},
     )
+
+
+async def _metrics(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url + "/metrics") as r:
+        return await r.text()
 
 
 async def _healthy(session: aiohttp.ClientSession, url: str, replica: str) -> bool:
@@ -121,6 +128,8 @@ async def test_serve_routes_to_watched_pods_and_follows_changes(
             while time.monotonic() < t_end:
                 during += await asyncio.gather(*(ok() for _ in range(2)))
             assert during and all(during)
+            # the gateway could not renew its Lease: it no longer leads (no scaling, no pod deletion) ...
+            assert re.search(r'^fleetgate_leader\{deployment="m"\} 0\.0$', await _metrics(s, url), re.M)
             # ... and what changed meanwhile reaches the gateway once it is back
             cluster.scale(3)
             await cluster.wait_for(lambda: len(cluster.ready_urls()) == 3)
@@ -130,6 +139,10 @@ async def test_serve_routes_to_watched_pods_and_follows_changes(
                 assert time.monotonic() < deadline, "the gateway did not resync after the outage"
                 await asyncio.sleep(0.1)
             assert all(await asyncio.gather(*(ok() for _ in range(8))))
+            # and it leads again (its Lease re-taken): it may scale and heal after the outage
+            while not re.search(r'^fleetgate_leader\{deployment="m"\} 1\.0$', await _metrics(s, url), re.M):
+                assert time.monotonic() < deadline + 5, "the gateway did not lead again after the outage"
+                await asyncio.sleep(0.1)
         assert all(st != 401 for _t, _m, _p, st in cluster.requests)
     finally:
         gw.kill()
