@@ -294,3 +294,133 @@ def test_inputs_are_checked() -> None:
         DeploymentDemand("a", demand=-1)
     with pytest.raises(ValueError, match="unique"):
         AllocationContext(0.0, 4, [DeploymentDemand("a", 1), DeploymentDemand("a", 1)])
+
+
+# ------------------------------------------------------------------------------------------ lending
+
+
+@st.composite
+def lending_pools(draw: st.DrawFn) -> tuple[int, list[DeploymentDemand]]:
+    """As :func:`pools` (floors that fit), each deployment given a ``max_replicas`` or none."""
+    pool, deps = draw(pools(floors_fit=True))
+    out = []
+    for d in deps:
+        cap = draw(st.one_of(st.none(), st.integers(min_value=0, max_value=24)))
+        out.append(dataclasses.replace(d, max_replicas=cap))
+    return pool, out
+
+
+def _no_lending(params: AllocatorParams) -> AllocatorParams:
+    return params.model_copy(update={"lend_idle_gpus": False})
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=lending_pools(), reclaim_after_s=reclaim_times, now=st.floats(min_value=0, max_value=1e6))
+def test_lending_stays_in_the_pool_and_under_max_replicas(
+    case: tuple[int, list[DeploymentDemand]], reclaim_after_s: float, now: float
+) -> None:
+    pool, deps = case
+    alloc, _ = decide(AllocationContext(now, pool, deps, AllocatorParams(reclaim_after_s=reclaim_after_s)))
+    assert alloc.gpus(deps) <= pool
+    for d in deps:
+        lent = alloc.lent[d.name]
+        assert 0 <= alloc.backed(d.name) <= d.wants
+        if d.max_replicas is None:
+            assert lent == 0
+        elif lent > 0:
+            assert alloc.replicas[d.name] <= d.max_replicas
+        assert alloc.drain[d.name] == max(0, d.held - alloc.replicas[d.name])
+        assert alloc.start[d.name] <= max(0, alloc.replicas[d.name] - d.held)
+    used_before = sum((d.held + d.draining) * d.gpus_per_replica for d in deps)
+    used_after = used_before + sum(alloc.start[d.name] * d.gpus_per_replica for d in deps)
+    assert used_after <= max(pool, used_before)
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=lending_pools(), reclaim_after_s=reclaim_times)
+def test_lent_replicas_only_fill_what_the_demand_backed_allocation_leaves(
+    case: tuple[int, list[DeploymentDemand]], reclaim_after_s: float
+) -> None:
+    """Lent replicas are the first reclaimed: the demand-backed allocation (and the reclaim state) is
+    exactly the one without lending, so lending never drains a replica that backs demand."""
+    pool, deps = case
+    params = AllocatorParams(reclaim_after_s=reclaim_after_s)
+    state = AllocatorState((("d0", 0.0),))  # d0 may be due for a reclaim
+    on, s_on = decide(AllocationContext(100.0, pool, deps, params, state))
+    off, s_off = decide(AllocationContext(100.0, pool, deps, _no_lending(params), state))
+    assert {d.name: on.backed(d.name) for d in deps} == dict(off.replicas)
+    assert s_on == s_off and on.reclaimed == off.reclaimed and dict(on.fair) == dict(off.fair)
+    assert all(v == 0 for v in off.lent.values())
+    for d in deps:
+        assert on.drain[d.name] <= off.drain[d.name]  # lending only keeps replicas, never takes one
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=lending_pools(), reclaim_after_s=reclaim_times)
+def test_no_gpu_idle_while_demand_is_unmet_or_a_deployment_could_take_headroom(
+    case: tuple[int, list[DeploymentDemand]], reclaim_after_s: float
+) -> None:
+    pool, deps = case
+    alloc, _ = decide(AllocationContext(0.0, pool, deps, AllocatorParams(reclaim_after_s=reclaim_after_s)))
+    free = _free(pool, deps, dict(alloc.replicas))
+    for d in deps:
+        n = alloc.replicas[d.name]
+        if n < d.wants or (d.max_replicas is not None and n < d.max_replicas):
+            assert free < d.gpus_per_replica, (d, free, dict(alloc.replicas))
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=lending_pools(), reclaim_after_s=reclaim_times)
+def test_lending_does_not_flap_under_constant_inputs(
+    case: tuple[int, list[DeploymentDemand]], reclaim_after_s: float
+) -> None:
+    pool, deps = case
+    seen = _run(pool, deps, reclaim_after_s, steps=int(reclaim_after_s / 10) + 6)
+    changes = [k for k in range(1, len(seen)) if seen[k] != seen[k - 1]]
+    assert len(changes) <= 2, seen
+    distinct = [seen[0]] + [seen[k] for k in changes]
+    assert all(distinct.count(a) == 1 for a in distinct), distinct
+
+
+def test_idle_gpus_are_lent_in_proportion_to_demand() -> None:
+    a = DeploymentDemand("a", demand=6, held=6, max_replicas=100)
+    b = DeploymentDemand("b", demand=2, held=2, max_replicas=100)
+    c = DeploymentDemand("c", demand=2, held=2)  # no max_replicas: lent nothing
+    alloc, _ = decide(AllocationContext(0.0, 18, [a, b, c]))
+    assert dict(alloc.lent) == {"a": 6, "b": 2, "c": 0}
+    assert dict(alloc.replicas) == {"a": 12, "b": 4, "c": 2} and dict(alloc.start) == {"a": 6, "b": 2, "c": 0}
+    capped = dataclasses.replace(a, max_replicas=8)
+    alloc, _ = decide(AllocationContext(0.0, 18, [capped, b, c]))
+    assert dict(alloc.lent) == {"a": 2, "b": 6, "c": 0}  # a stops at its max_replicas, b takes the rest
+
+
+def test_a_lent_replica_is_taken_back_at_once_and_becomes_backed_where_demand_grows() -> None:
+    params = AllocatorParams(reclaim_after_s=600.0)  # a demand-backed replica would wait 10 minutes
+    a = DeploymentDemand("a", demand=2, held=6, max_replicas=16)  # 4 of them lent
+    b = DeploymentDemand("b", demand=2, held=2, max_replicas=16)
+    alloc, state = decide(AllocationContext(0.0, 8, [a, b], params))
+    assert dict(alloc.lent) == {"a": 4, "b": 0} and not alloc.drain["a"]  # kept where they run: no flap
+    # b's demand grows by 3: a's lent replicas give way at once, no hold, b starts once they are drained
+    b = dataclasses.replace(b, demand=5)
+    alloc, state = decide(AllocationContext(10.0, 8, [a, b], params, state))
+    assert dict(alloc.replicas) == {"a": 3, "b": 5} and dict(alloc.lent) == {"a": 1, "b": 0}
+    assert dict(alloc.drain) == {"a": 3, "b": 0} and dict(alloc.start) == {"a": 0, "b": 0}
+    assert not alloc.reclaimed and state.short_since == ()
+    a = dataclasses.replace(a, held=3, draining=3)
+    alloc, state = decide(AllocationContext(20.0, 8, [a, b], params, state))
+    assert dict(alloc.start) == {"a": 0, "b": 0}  # the GPUs are still draining
+    a = dataclasses.replace(a, draining=0)
+    alloc, state = decide(AllocationContext(30.0, 8, [a, b], params, state))
+    assert dict(alloc.start) == {"a": 0, "b": 3}
+    # a's own demand grows into its lent replica: it is now backed, nothing starts or drains
+    a = dataclasses.replace(a, demand=3)
+    b = dataclasses.replace(b, held=5)
+    alloc, _ = decide(AllocationContext(40.0, 8, [a, b], params, state))
+    assert dict(alloc.replicas) == {"a": 3, "b": 5} and dict(alloc.lent) == {"a": 0, "b": 0}
+    assert dict(alloc.drain) == {"a": 0, "b": 0} and dict(alloc.start) == {"a": 0, "b": 0}
+
+
+def test_lending_can_be_turned_off() -> None:
+    a = DeploymentDemand("a", demand=2, held=2, max_replicas=16)
+    alloc, _ = decide(AllocationContext(0.0, 8, [a], AllocatorParams(lend_idle_gpus=False)))
+    assert dict(alloc.replicas) == {"a": 2} and dict(alloc.lent) == {"a": 0}

@@ -131,3 +131,29 @@ def test_bad_scenarios_exit_2_with_the_field(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(sc))
     r = CliRunner().invoke(app, ["simulate", "--scenario", str(path), "--no-progress"])
     assert r.exit_code == 2 and "pool.gpuz" in r.output
+
+
+def test_options_that_do_not_apply_to_a_scenario_exit_2(tmp_path: Path) -> None:
+    path = _scenario(tmp_path)
+    args = ["simulate", "--scenario", str(path), "--no-progress"]
+    r = CliRunner().invoke(app, [*args, "--trace", "x.csv", "--replicas", "4"])
+    assert r.exit_code == 2
+    assert "--trace, --replicas cannot be used with --scenario" in r.output
+    r = CliRunner().invoke(app, [*args, "--cold-start-s", "60"])
+    assert r.exit_code == 2 and "--cold-start-s" in r.output
+    r = CliRunner().invoke(app, ["simulate", "--trace", "synthetic:n=10", "--capacity", "static"])
+    assert r.exit_code == 2 and "--capacity needs --scenario" in r.output
+
+
+def test_lending_idle_gpus_serves_best_effort_at_least_as_well(tmp_path: Path, runs: dict[str, dict]) -> None:
+    """The same scenario with ``lend_idle_gpus: false``: nothing lent; with lending (the default) GPUs are
+    lent, best-effort is served at least as well, and the reserved tier is no worse."""
+    path = _scenario(tmp_path)
+    sc = yaml.safe_load(path.read_text())
+    sc["lend_idle_gpus"] = False
+    path.write_text(yaml.safe_dump(sc))
+    off, on = _run(path, "fleetgate", tmp_path / "off.json"), runs["fleetgate"]
+    assert off["lent_gpu_hours"] == 0 and on["lent_gpu_hours"] > 0
+    assert on["pool_gpu_hours"] >= off["pool_gpu_hours"] and on["pool_gpu_hours"] <= 10 * HOURS + 1e-6
+    assert on["tiers"]["best_effort"]["served"] >= off["tiers"]["best_effort"]["served"]
+    assert on["tiers"]["reserved"]["shed"] == 0 and off["tiers"]["reserved"]["shed"] == 0

@@ -8,7 +8,10 @@ pool's GPUs in one of three ways:
   gateway's loop builds, ``core/autoscale``) says how many replicas it wants; the pool allocator
   (``core/capacity/allocator.decide``, the same pure function the gateway drives) turns those demands, the
   floors that back the reservations, the replicas held and draining into replicas per deployment: floors
-  first, weighted max-min fair shares above them, hysteresis ``reclaim_after_s``, drain before a GPU moves.
+  first, weighted max-min fair shares above them, hysteresis ``reclaim_after_s``, drain before a GPU moves;
+  the GPUs still idle lent as warm headroom (``lend_idle_gpus``, up to ``max_replicas``), the first taken
+  back. Each autoscaler is shown only its demand-backed replicas as current (a lent replica is not one it
+  asked for: counting it would hold the lent replicas as demand through its scale-down delay).
 * ``independent``: each deployment's autoscaler, its scale-ups granted first come, first served while GPUs
   remain (no floors, no reclaim: a GPU comes back only when its holder scales down). The autoscalers tick
   with staggered phases, so "first" is the earliest to ask.
@@ -159,10 +162,18 @@ class Deployment:
     min_ready: int = 1 << 30
     served_mu: float = 0.0
     started: int = 0
+    #: The demand-backed replicas of the last allocation (``None``: nothing lent in this mode).
+    backed: int | None = None
+    lent_seconds: float = 0.0
 
     @property
     def held(self) -> int:
         return self.ready + len(self.starting)
+
+    @property
+    def lent(self) -> int:
+        """Replicas held above the demand-backed allocation: lent headroom."""
+        return 0 if self.backed is None else max(0, self.held - self.backed)
 
     @property
     def gpus_in_use(self) -> int:
@@ -303,7 +314,9 @@ class CapacitySimulator:
         self.deps = deployments if deployments is not None else build_deployments(scenario, scenario_dir)
         self.progress = progress
         self.alloc_state: AllocatorState | None = None
-        self.alloc_params = AllocatorParams(reclaim_after_s=scenario.reclaim_after_s)
+        self.alloc_params = AllocatorParams(
+            reclaim_after_s=scenario.reclaim_after_s, lend_idle_gpus=scenario.lend_idle_gpus
+        )
         self.reclaims = 0
 
     # ------------------------------------------------------------------------------------------ control
@@ -311,11 +324,13 @@ class CapacitySimulator:
     def _autoscale(self, d: Deployment, now: float) -> int:
         while d.settled and d.settled[0][0] <= now - 60.0:
             d.settled_sum -= d.settled.popleft()[1]
+        current = d.held - d.lent
+        ready = min(d.ready, current)
         ctx = AutoscaleContext(
             now_s=now,
-            current_replicas=d.held,
-            ready_replicas=d.ready,
-            starting_replicas=len(d.starting),
+            current_replicas=current,
+            ready_replicas=ready,
+            starting_replicas=current - ready,
             capacity_mu_per_min=d.profile.capacity_mu_per_min,
             settled_mu_per_min=max(0.0, d.settled_sum),
             inflight_mu=max(0.0, d.inflight_mu),
@@ -340,6 +355,7 @@ class CapacitySimulator:
                     d.spec.weight,
                     d.held,
                     len(d.draining),
+                    d.spec.max_replicas,
                 )
                 for d in self.deps
             ],
@@ -349,6 +365,7 @@ class CapacitySimulator:
         alloc, self.alloc_state = decide(ctx)
         self.reclaims += int(alloc.reclaimed)
         for d in self.deps:
+            d.backed = alloc.backed(d.spec.name)
             d.shrink(alloc.drain[d.spec.name], now, self.sc.drain_s)
         for d in self.deps:
             n = alloc.start[d.spec.name]
@@ -426,7 +443,7 @@ class CapacitySimulator:
             if i % per_min == 0:
                 row: list[float] = [now]
                 for d in deps:
-                    row += [d.ready, len(d.starting), len(d.draining), d.desired, d.floor]
+                    row += [d.ready, len(d.starting), len(d.draining), d.desired, d.floor, d.lent]
                 rec.allocation.append(row)
             if self.progress is not None and i % report_every == 0:
                 self.progress(i, n_steps)
@@ -439,6 +456,7 @@ class CapacitySimulator:
         ph = d.phys
         held_now = d.held + len(d.draining)
         d.replica_seconds += held_now * dt
+        d.lent_seconds += d.lent * dt
         d.peak_replicas = max(d.peak_replicas, d.held)
         d.min_ready = min(d.min_ready, d.ready)
         # Arrivals, split into tiers by the reservation meters.

@@ -106,6 +106,7 @@ def summarise(sim: CapacitySimulator, rec: Recorder, wall_s: float) -> dict[str,
             "gpu_hours": d.replica_seconds * d.spec.gpus_per_replica / 3600.0,
             "mean_replicas": d.replica_seconds / 3600.0 / horizon_h if horizon_h > 0 else 0.0,
             "replicas_started": d.started,
+            "lent_replica_hours": d.lent_seconds / 3600.0,
             "floor_replicas": d.floor,
             "min_ready_replicas": d.min_ready if rec.n_steps else 0,
             "sold_mu_per_min": float(sum(d.spec.reservations.values())),
@@ -148,6 +149,7 @@ def summarise(sim: CapacitySimulator, rec: Recorder, wall_s: float) -> dict[str,
         "utilisation": useful / used if used > 0 else 0.0,
         "pool_utilisation": useful / available if available > 0 else 0.0,
         "max_gpus_in_use": rec.max_gpus_in_use,
+        "lent_gpu_hours": sum(d.lent_seconds * d.spec.gpus_per_replica for d in deps) / 3600.0,
         "reclaims": sim.reclaims,
         "deployments": deployments,
         "tiers": tiers,
@@ -179,7 +181,7 @@ def busiest_day(summary: dict[str, Any]) -> int:
 
 def plot_allocation(summaries: dict[str, dict[str, Any]], out: Path, day: int, title: str) -> None:
     """One panel per capacity mode: each deployment's GPUs (ready + starting + draining, stacked) over one
-    day, the pool size, and (fleetgate) the floors."""
+    day, the pool size, and (fleetgate) the floors and the GPUs lent as headroom."""
     from fleetgate.plots import pyplot
 
     plt = pyplot()
@@ -193,12 +195,15 @@ def plot_allocation(summaries: dict[str, dict[str, Any]], out: Path, day: int, t
         keep = (rows[:, 0] >= day * 86400) & (rows[:, 0] < (day + 1) * 86400)
         r = rows[keep]
         hours = (r[:, 0] - day * 86400) / 3600.0
-        per = r[:, 1:].reshape(len(r), n, 5)
+        per = r[:, 1:].reshape(len(r), n, 6)
         gpus = (per[:, :, 0] + per[:, :, 1] + per[:, :, 2]) * gpr
         ax.stackplot(hours, gpus.T, labels=names, alpha=0.75)
         if mode == "fleetgate":
             floors = np.cumsum(per[:, :, 4] * gpr, axis=1)
             ax.plot(hours, floors[:, -1], "k--", lw=1, label="floors (sum)")
+            lent = (per[:, :, 5] * gpr).sum(axis=1)
+            if lent.any():
+                ax.plot(hours, lent, "k:", lw=1, label="lent headroom (sum)")
         wanted = (per[:, :, 3] * gpr).sum(axis=1)
         ax.plot(hours, wanted, color="grey", lw=0.8, label="autoscalers' demand (sum)")
         ax.axhline(s["pool"]["gpus"], color="red", lw=1.2, label=f"pool ({s['pool']['gpus']} GPUs)")

@@ -97,6 +97,10 @@ class Scenario(_Strict):
     autoscaler_params: dict[str, Any] = Field(default_factory=dict)
     autoscale_interval_s: float = Field(default=10.0, gt=0)
     reclaim_after_s: float = Field(default=60.0, ge=0, description="The allocator's hysteresis.")
+    lend_idle_gpus: bool = Field(
+        default=True,
+        description="fleetgate mode: lend the GPUs left idle as warm headroom replicas (the allocator's).",
+    )
     drain_s: float = Field(
         default=30.0,
         ge=0,

@@ -179,8 +179,12 @@ def simulate(
     if ctx.invoked_subcommand is not None:
         return
     if scenario is not None:
+        _refuse_given(ctx, "with --scenario (the scenario file sets them)", _SCENARIO_OPTIONS)
         _run_capacity(scenario, capacity, json_out, progress)
         return
+    if "capacity" in _given(ctx):
+        typer.echo("error: --capacity needs --scenario", err=True)
+        raise typer.Exit(2)
     if trace is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
@@ -265,6 +269,31 @@ def compare(
     if report is not None:
         write_report(report, results, summaries, f"fleetgate simulate compare: {trace}", _cmdline())
     typer.echo(table)
+
+
+#: The ``simulate`` options that apply to ``--scenario``; any other one given with it is an error.
+_SCENARIO_OPTIONS = frozenset({"scenario", "capacity", "json_out", "progress"})
+
+
+def _given(ctx: typer.Context) -> dict[str, str]:
+    """The options set on the command line or from the environment (not left at their default): parameter
+    name -> its first flag. (Compared by name: typer ships its own copy of click's ``ParameterSource``.)"""
+    out: dict[str, str] = {}
+    for param in ctx.command.params:
+        if param.name is None:
+            continue
+        source = ctx.get_parameter_source(param.name)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            out[param.name] = param.opts[0] if param.opts else param.name
+    return out
+
+
+def _refuse_given(ctx: typer.Context, why: str, allowed: frozenset[str]) -> None:
+    """Exit 2 with one line naming the options given outside ``allowed``."""
+    bad = [flag for name, flag in _given(ctx).items() if name not in allowed]
+    if bad:
+        typer.echo(f"error: {', '.join(bad)} cannot be used {why}", err=True)
+        raise typer.Exit(2)
 
 
 def _run_capacity(scenario: Path, capacity: str, json_out: Path | None, progress: bool) -> None:

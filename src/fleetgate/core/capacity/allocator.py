@@ -22,17 +22,33 @@ The decision, in order:
    only where the floors need the GPUs; free GPUs are then water-filled as in 2. A deployment left below its
    fair target (someone else holds more than theirs) waits: only when one has been short for
    ``reclaim_after_s`` does the whole pool move to the fair target, taking replicas from those above theirs.
-4. **Drain, never kill.** ``drain[d] = held - replicas`` when positive: the shell drains that many (requests
-   in flight finish) and their GPUs go to the deployments with ``start`` counts once free. ``start[d]`` is
-   what may start now, in the GPUs free even counting those still draining.
+4. **Lend what is still idle** (``lend_idle_gpus``, on by default: the pool is fixed and paid for, an idle
+   GPU earns nothing). The GPUs the demand-backed allocation leaves free are lent as warm headroom replicas
+   to the deployments that give a ``max_replicas`` (a caller that gives none is lent nothing), never above
+   it: first each keeps the lent replicas it already runs (no flapping; where they no longer fit, the one
+   with the most headroom relative to its demand gives up one first), then replica by replica to the
+   lowest ``(replicas + 1) / max(wants, 1)``: headroom in proportion to demand, so a burst of a few percent
+   lands on warm replicas instead of waiting out a cold start. ``lent[d]`` counts them; they are part of
+   ``replicas[d]``. A lent replica backs nothing: steps 1-3 never see it (held above what a deployment
+   wants is not kept), so the moment a demand or a floor needs GPUs the lent replicas are the first taken,
+   at once, without the reclaim hold, and no demand-backed replica is drained while a lent one could give
+   way. When demand grows where a replica is lent, the lent replica becomes demand-backed without a restart.
+5. **Drain, never kill.** ``drain[d] = held - replicas`` when positive: the shell drains that many (requests
+   in flight finish; lent ones first, they carry least) and their GPUs go to the deployments with ``start``
+   counts once free. ``start[d]`` is what may start now, in the GPUs free even counting those still
+   draining; demand-backed starts before lent ones.
 
 Invariants (``tests/property/test_capacity_allocator.py``):
 
 - never above the pool: ``sum(replicas * gpus_per_replica) <= pool_gpus``, and the GPUs in use after the
   starts (held + draining + start) never exceed the pool when they did not before;
-- never below a floor while the floors fit; never above what a deployment wants;
+- never below a floor while the floors fit; the demand-backed replicas (``replicas - lent``) never above
+  what a deployment wants, and all of them never above its ``max_replicas`` once it is lent any;
 - work-conserving: while a deployment's demand is unmet, the GPUs free in the allocation are fewer than its
-  ``gpus_per_replica``;
+  ``gpus_per_replica``; with lending, while a deployment below its ``max_replicas`` could take one more,
+  likewise;
+- lent replicas are reclaimed first: the demand-backed allocation is exactly the one without lending, and
+  the lent replicas only fill the GPUs it leaves free;
 - max-min fair (the fair target, which the allocation equals with ``reclaim_after_s = 0`` and reaches
   after ``reclaim_after_s`` under constant inputs): while ``j``'s demand is unmet, taking enough replicas
   from any ``i`` (above its floor) to fit one more of ``j``'s would leave ``i``'s level at or below ``j``'s;
@@ -59,13 +75,20 @@ _MAX_STEPS = 10_000_000
 
 
 class AllocatorParams(PluginParams):
-    """How long a deployment below its fair share waits before replicas are reclaimed for it."""
+    """How long a deployment below its fair share waits before replicas are reclaimed for it, and whether
+    GPUs left idle are lent as warm headroom."""
 
     reclaim_after_s: float = Field(
         default=60.0,
         ge=0,
         description="A deployment below its fair share for this long reclaims replicas from those above "
         "theirs (0: at once). Floors are never made to wait.",
+    )
+    lend_idle_gpus: bool = Field(
+        default=True,
+        description="Lend the GPUs left idle after floors and demand as warm headroom replicas (up to each "
+        "deployment's max_replicas), the first taken back when a demand or a floor needs them. Uses more "
+        "GPU-hours of a fixed pool; serves bursts without a cold start.",
     )
 
 
@@ -88,10 +111,14 @@ class DeploymentDemand:
     weight: float = 1.0
     held: int = 0
     draining: int = 0
+    #: Most replicas it may run with lent headroom; ``None``: it is lent nothing.
+    max_replicas: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.demand, self.floor, self.held, self.draining) < 0:
             raise ValueError(f"{self.name}: demand, floor, held and draining must be >= 0")
+        if self.max_replicas is not None and self.max_replicas < 0:
+            raise ValueError(f"{self.name}: max_replicas must be >= 0")
         if self.gpus_per_replica < 1:
             raise ValueError(f"{self.name}: gpus_per_replica must be >= 1")
         if not (math.isfinite(self.weight) and self.weight > 0):
@@ -132,8 +159,10 @@ class AllocationContext:
 class Allocation:
     """What each deployment may run (``replicas``), what it must drain and what it may start now.
 
-    ``fair`` is the fair target the allocation moves to once a reclaim is due; ``floors_fit`` is false when
-    the floors alone exceed the pool (``floor_shortfall_gpus`` GPUs more would be needed).
+    ``lent`` is the part of ``replicas`` that is idle GPUs lent as headroom (empty when nothing is lent):
+    the first taken back. ``fair`` is the demand-backed fair target the allocation moves to once a reclaim
+    is due; ``floors_fit`` is false when the floors alone exceed the pool (``floor_shortfall_gpus`` GPUs
+    more would be needed).
     """
 
     replicas: Mapping[str, int]
@@ -143,6 +172,11 @@ class Allocation:
     floors_fit: bool
     floor_shortfall_gpus: int
     reclaimed: bool = False
+    lent: Mapping[str, int] = field(default_factory=dict)
+
+    def backed(self, name: str) -> int:
+        """Replicas of ``name`` that back its demand or floor (``replicas`` less the lent ones)."""
+        return self.replicas[name] - self.lent.get(name, 0)
 
     def gpus(self, deployments: Sequence[DeploymentDemand]) -> int:
         """GPUs the allocation gives out."""
@@ -290,19 +324,57 @@ def _keep(
     return keep
 
 
-def _starts(pool_gpus: int, deps: Sequence[DeploymentDemand], replicas: Mapping[str, int]) -> dict[str, int]:
+def _lend(
+    pool_gpus: int, deps: Sequence[DeploymentDemand], backed: Mapping[str, int], wants: Mapping[str, int]
+) -> dict[str, int]:
+    """Headroom replicas in the GPUs ``backed`` leaves free: those already running kept (trimmed, the most
+    headroom per demand first, where they no longer fit), then the lowest ``(n + 1) / max(wants, 1)``
+    first, up to each ``max_replicas``; until no replica fits."""
+    room = {d.name: max(0, (d.max_replicas or 0) - backed[d.name]) for d in deps}
+    lent = {d.name: min(room[d.name], max(0, d.held - backed[d.name])) for d in deps}
+    free = pool_gpus - _gpus(backed, deps)
+
+    def ratio(d: DeploymentDemand, extra: int) -> tuple[float, str]:
+        return ((backed[d.name] + lent[d.name] + extra) / max(1, wants[d.name]), d.name)
+
+    while _gpus(lent, deps) > free:
+        top = max((d for d in deps if lent[d.name] > 0), key=lambda d: ratio(d, 0))
+        lent[top.name] -= 1
+    free -= _gpus(lent, deps)
+    by_name = {d.name: d for d in deps}
+    heap = [ratio(d, 1) for d in deps if lent[d.name] < room[d.name]]
+    heapq.heapify(heap)
+    while heap:
+        name = heapq.heappop(heap)[1]
+        dep = by_name[name]
+        if dep.gpus_per_replica > free:
+            continue  # free only shrinks
+        lent[name] += 1
+        free -= dep.gpus_per_replica
+        if lent[name] < room[name]:
+            heapq.heappush(heap, ratio(dep, 1))
+    return lent
+
+
+def _starts(
+    pool_gpus: int,
+    deps: Sequence[DeploymentDemand],
+    replicas: Mapping[str, int],
+    lent: Mapping[str, int],
+) -> dict[str, int]:
     """Replicas each may start now: toward its allocation, within the GPUs free counting draining ones,
-    the lowest fill ratio first."""
+    the lowest fill ratio first; demand-backed replicas before lent ones."""
     free = pool_gpus - sum((d.held + d.draining) * d.gpus_per_replica for d in deps)
     start = {d.name: 0 for d in deps}
-    order = sorted(
-        (d for d in deps if replicas[d.name] > d.held),
-        key=lambda d: (d.held / replicas[d.name], d.name),
-    )
-    for dep in order:
-        n = min(replicas[dep.name] - dep.held, max(0, free) // dep.gpus_per_replica)
-        start[dep.name] = n
-        free -= n * dep.gpus_per_replica
+    for goal in ({n: replicas[n] - lent[n] for n in replicas}, replicas):
+        order = sorted(
+            (d for d in deps if goal[d.name] > d.held + start[d.name]),
+            key=lambda d: ((d.held + start[d.name]) / goal[d.name], d.name),
+        )
+        for dep in order:
+            n = min(goal[dep.name] - dep.held - start[dep.name], max(0, free) // dep.gpus_per_replica)
+            start[dep.name] += n
+            free -= n * dep.gpus_per_replica
     return start
 
 
@@ -321,14 +393,20 @@ def decide(ctx: AllocationContext) -> tuple[Allocation, AllocatorState]:
     reclaimed = any(ctx.now_s - t >= ctx.params.reclaim_after_s for t in short.values())
     if reclaimed:
         replicas = dict(fair)
+    if fit and ctx.params.lend_idle_gpus:
+        lent = _lend(pool, deps, replicas, wants)
+    else:
+        lent = {d.name: 0 for d in deps}
+    replicas = {n: replicas[n] + lent[n] for n in replicas}
     drain = {d.name: max(0, d.held - replicas[d.name]) for d in deps}
     allocation = Allocation(
         replicas=replicas,
         drain=drain,
-        start=_starts(pool, deps, replicas),
+        start=_starts(pool, deps, replicas, lent),
         fair=fair,
         floors_fit=fit,
         floor_shortfall_gpus=shortfall,
         reclaimed=reclaimed,
+        lent=lent,
     )
     return allocation, AllocatorState(tuple(short.items()))
