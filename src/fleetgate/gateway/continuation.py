@@ -235,11 +235,14 @@ async def relay(
     tracker: StreamTracker | FailoverTracker,
     idle_s: float,
 ) -> bytes:
-    """Forward chunks until the upstream ends; returns the last bytes, to be sent with the end."""
+    """Forward chunks until the upstream ends; returns the last bytes, to be sent with the end. Raises
+    ``TimeoutError`` when ``idle_s`` pass from the start of a wait for the next chunk without it (the
+    wait, the tracker and the write to the client together)."""
     loop = asyncio.get_running_loop()
-    async with asyncio.timeout(None) as deadline:
+    idle = IdleDeadline(loop, idle_s)
+    try:
         while True:
-            deadline.reschedule(loop.time() + idle_s)
+            idle.last = loop.time()  # (the deadline moves without touching the timer: see IdleDeadline)
             chunk = await content.readany()
             if not chunk:
                 return b""
@@ -251,6 +254,64 @@ async def relay(
                     await response.write(out)
                 except ConnectionResetError as exc:
                     raise ClientGoneError from exc
+    except asyncio.CancelledError as exc:
+        if idle.expired():  # our own cancellation, not the client's or a shutdown's
+            raise TimeoutError from exc
+        raise
+    finally:
+        idle.close()
+
+
+class IdleDeadline:
+    """``asyncio.timeout`` for a deadline that moves with every chunk, without re-arming a timer per chunk.
+
+    The caller stores the time of each new wait in ``last``; one timer fires at the earliest possible
+    deadline and, when ``last`` moved meanwhile, goes back to sleep until ``last + idle_s``; only when that
+    has passed does it cancel the task. (``Timeout.reschedule`` per chunk cancelled a timer handle and
+    scheduled a new one on the loop's heap: a few microseconds a chunk, for every token of every stream.)
+    ``expired()`` turns the cancellation back into a timeout the way ``asyncio.timeout`` does (it tells its
+    own cancellation from any other by the task's cancel count).
+    """
+
+    __slots__ = ("_cancelling", "_fired", "_handle", "_loop", "_task", "idle_s", "last")
+    # (_fired: the timer cancelled the task, and the task's cancel count is not yet given back)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle_s: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._loop = loop
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._fired = False
+        self.idle_s = idle_s
+        self.last = loop.time()
+        self._handle: asyncio.TimerHandle | None = loop.call_at(self.last + idle_s, self._check)
+
+    def _check(self) -> None:
+        due = self.last + self.idle_s
+        if self._loop.time() < due:
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self._handle = None
+        self._fired = True
+        self._task.cancel()
+
+    def expired(self) -> bool:
+        """Whether the deadline passed and the task's cancellation is this timer's own (then consumed)."""
+        if not self._fired:
+            return False
+        self._fired = False
+        return self._task.uncancel() <= self._cancelling
+
+    def close(self) -> None:
+        """Stop the timer; a cancellation it requested that was never seen is given back (as
+        ``asyncio.timeout`` does on exit)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._fired:
+            self._fired = False
+            self._task.uncancel()
 
 
 class ClientGoneError(Exception):
