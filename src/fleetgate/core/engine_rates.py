@@ -37,6 +37,7 @@ from fleetgate.core.units import CostProfile
 _MIN_COUNTER_INTERVALS = 2
 #: Below this coefficient of variation of the prompt sizes the slope is ill-conditioned: use the ratio.
 _MIN_SPREAD = 0.2
+_INF = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +180,9 @@ class EngineRateLearner:
         self._alerts: list[DriftAlert] = []
         #: the latest estimate per replica, recomputed when evidence arrives (the router reads it per pick)
         self.current: dict[str, LearnedRates] = {}
+        self._ref_profile: CostProfile | None = None  # the profile ``_ref`` was computed from
+        self._ref: float | None = None if profile is None else self.profile_prefill_s_per_token()
+        self._ref_profile = profile
 
     def _rep(self, name: str) -> _Replica:
         rep = self._replicas.get(name)
@@ -188,22 +192,31 @@ class EngineRateLearner:
 
     # -- lifecycle observer ---------------------------------------------------------------------------
 
+    # (These three run for every request, in the gateway and the simulator: lookups and arithmetic are
+    # written out rather than spread over helper calls.)
+
     def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
-        rep = self._rep(replica)
+        rep = self._replicas.get(replica) or self._rep(replica)
         alone = rep.inflight == 0
         rep.inflight += 1
         rep.epoch += 1
-        rep.busiest_since_scrape = max(rep.busiest_since_scrape, rep.inflight)
-        if len(self._pending) >= self.max_pending:  # lost completions must not grow this without bound
-            self._pending.pop(next(iter(self._pending)))
-        self._pending[request.request_id] = _Pending(replica, now, alone, rep.epoch)
+        if rep.inflight > rep.busiest_since_scrape:
+            rep.busiest_since_scrape = rep.inflight
+        pending = self._pending
+        if len(pending) >= self.max_pending:  # lost completions must not grow this without bound
+            pending.pop(next(iter(pending)))
+        pending[request.request_id] = _Pending(replica, now, alone, rep.epoch)
 
     def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
         p = self._pending.get(request.request_id)
         if p is None or p.replica != replica or p.first_token_s is not None:
             return
         p.first_token_s = now
-        p.alone_at_first_token = p.alone and self._rep(replica).epoch == p.epoch
+        if p.alone:
+            rep = self._replicas.get(replica) or self._rep(replica)
+            p.alone_at_first_token = rep.epoch == p.epoch
+        else:
+            p.alone_at_first_token = False
 
     def on_complete(
         self, request: RequestInfo, replica: str, now: float, usage: Usage | None, cost_mu: float, ok: bool
@@ -212,11 +225,13 @@ class EngineRateLearner:
         if p is None or p.replica != replica:
             return
         del self._pending[request.request_id]
-        rep = self._rep(replica)
-        rep.inflight = max(rep.inflight - 1, 0)
+        rep = self._replicas.get(replica) or self._rep(replica)
+        rep.inflight = rep.inflight - 1 if rep.inflight > 1 else 0
         if not ok or usage is None or usage.completion_tokens < 1:
             return
-        prefilled = max(usage.prompt_tokens - usage.cached_tokens, 0)
+        prefilled = usage.prompt_tokens - usage.cached_tokens
+        if prefilled < 0:
+            prefilled = 0
         f = self.forget
         if p.first_token_s is not None:
             if p.alone_at_first_token and prefilled > 0:
@@ -254,13 +269,6 @@ class EngineRateLearner:
 
     # -- reading --------------------------------------------------------------------------------------
 
-    def _prefill_s(self, rep: _Replica) -> tuple[float | None, str]:
-        if rep.prefill_counters.n >= _MIN_COUNTER_INTERVALS:
-            return rep.prefill_counters.ratio(), "counters"
-        if rep.prefill_timing.n >= self.min_samples:
-            return rep.prefill_timing.slope(), "timing"
-        return None, ""
-
     def _decode_s(self, rep: _Replica) -> float | None:
         if rep.decode_counters.n >= _MIN_COUNTER_INTERVALS:
             return rep.decode_counters.ratio()
@@ -273,26 +281,49 @@ class EngineRateLearner:
         return self.current.get(replica, _NOTHING)
 
     def _compute(self, rep: _Replica) -> LearnedRates:
-        # (``_prefill_s`` and ``_drift`` inlined: this runs once per completed request)
+        # (the counters' ratio, ``_decode_s``, ``_Fit.ratio``, the inverses and the drift written out: this
+        # runs once per completed request; same arithmetic)
         timing_fit, counter_fit = rep.prefill_timing, rep.prefill_counters
-        timing = timing_fit.slope() if timing_fit.n >= self.min_samples else None
-        counters = counter_fit.ratio() if counter_fit.n >= _MIN_COUNTER_INTERVALS else None
+        min_samples = self.min_samples
+        timing = timing_fit.slope() if timing_fit.n >= min_samples else None
+        counters = None
         if counter_fit.n >= _MIN_COUNTER_INTERVALS:
+            sx, sy = counter_fit.sx, counter_fit.sy
+            counters = sy / sx if sx > 0 and sy > 0 else None
             prefill_s, source = counters, "counters"
-        elif timing_fit.n >= self.min_samples:
+        elif timing_fit.n >= min_samples:
             prefill_s, source = timing, "timing"
         else:
             prefill_s, source = None, ""
+        decode: float | None = None
+        fit = rep.decode_counters
+        if fit.n >= _MIN_COUNTER_INTERVALS or rep.decode_timing.n >= min_samples:
+            if fit.n < _MIN_COUNTER_INTERVALS:
+                fit = rep.decode_timing
+            decode = fit.sy / fit.sx if fit.sx > 0 and fit.sy > 0 else None
+        drift = None
+        if prefill_s is not None and prefill_s > 0:
+            ref = self._reference()
+            if ref is not None:
+                drift = prefill_s / ref
         return LearnedRates(
-            prefill_tokens_per_s=_inverse(prefill_s),
-            decode_s_per_token=self._decode_s(rep),
-            prefill_source=source if prefill_s else "",
-            prefill_samples=counter_fit.n if source == "counters" else timing_fit.n,
-            decode_samples=max(rep.decode_counters.n, rep.decode_timing.n),
-            timing_prefill_tokens_per_s=_inverse(timing),
-            counter_prefill_tokens_per_s=_inverse(counters),
-            drift=self._drift(prefill_s) if prefill_s is not None else None,
+            1.0 / prefill_s if prefill_s is not None and 0 < prefill_s < _INF else None,
+            decode,
+            source if prefill_s else "",
+            counter_fit.n if source == "counters" else timing_fit.n,
+            max(rep.decode_counters.n, rep.decode_timing.n),
+            1.0 / timing if timing is not None and 0 < timing < _INF else None,
+            1.0 / counters if counters is not None and 0 < counters < _INF else None,
+            drift,
         )
+
+    def _reference(self) -> float | None:
+        """``profile_prefill_s_per_token``, computed once per profile."""
+        profile = self.profile
+        if profile is not self._ref_profile:
+            self._ref_profile = profile
+            self._ref = self.profile_prefill_s_per_token()
+        return self._ref
 
     def profile_prefill_s_per_token(self) -> float | None:
         """Seconds per prefilled token the cost profile implies (alpha in replica seconds)."""
@@ -300,12 +331,6 @@ class EngineRateLearner:
         if p is None or p.alpha <= 0:
             return None
         return p.replica_seconds(p.alpha)
-
-    def _drift(self, learned_s: float | None) -> float | None:
-        ref = self.profile_prefill_s_per_token()
-        if learned_s is None or ref is None or not learned_s > 0:
-            return None
-        return learned_s / ref
 
     def _updated(self, name: str, rep: _Replica) -> None:
         rates = self.current[name] = self._compute(rep)
@@ -343,7 +368,3 @@ def _delta(old: float | None, new: float | None) -> float | None:
     if old is None or new is None or new < old:  # a counter that went back: the engine restarted
         return None
     return new - old
-
-
-def _inverse(seconds: float | None) -> float | None:
-    return 1.0 / seconds if seconds is not None and seconds > 0 and math.isfinite(seconds) else None
