@@ -176,6 +176,31 @@ def test_a_busy_cache_holder_loses_to_an_idle_replica() -> None:
     assert d.scores["est_ttft_s"] < 5.0
 
 
+@pytest.mark.parametrize(
+    ("bound", "fresh", "spills"),
+    [(None, 1, True), (6.0, 1, True), (3.0, 1, False), (3.0, 9, True)],
+)
+def test_cache_leader_spills_only_onto_a_replica_with_a_short_queue(
+    bound: float | None, fresh: int, spills: bool
+) -> None:
+    """``spill_max_wait_s``: the holder of 3 blocks of the prompt (about 15 s of prefill queued) would
+    spill to a replica with about 5 s queued (faster by more than 1.5x + 0.5 s), unless that queue times the
+    share of the prompt the holder has (3/4: about 3.6 s) exceeds the bound; with 9 fresh blocks the holder
+    has only a quarter of the prompt (like a shared template) and spills as before. A loose load guard
+    keeps the guard out of it."""
+    p = policy(spill_max_wait_s=bound, cached_load_bound=10.0, guard_exempt_ratio=0.1, key="context")
+    rng = random.Random(0)
+    replicas = fleet(4)
+    for i in range(30):
+        p.on_dispatch(request(i, (1, 2, 3, 1000 + i), input_tokens=8000), "r0", 0.0)
+    for j in (1, 2, 3):
+        for i in range(10):
+            p.on_dispatch(request(100 * j + i, (50 + 100 * j + i,), input_tokens=8000), f"r{j}", 0.0)
+    d = p.pick(request(999, (1, 2, 3, *range(5000, 5000 + fresh))), replicas, 0.0, rng)
+    assert (d.replica != "r0") == spills
+    assert d.reason == ("fleetgate:spill" if spills else "fleetgate:affinity")
+
+
 def test_estimated_ttft_counts_uncached_prefill_and_queue() -> None:
     p = policy()
     r = request(0, (1, 2, 3, 4), input_tokens=2048)

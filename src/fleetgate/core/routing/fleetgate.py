@@ -238,6 +238,7 @@ class FleetgatePolicy(PolicyBase):
             best_i = deep_i = sub_i = -1
             best_t = deep_t = sub_t = _INF
             best_v = sub_v = _INF
+            best_w = 0.0
             deep_d = 0
             sub_rank = 1 << 30
             for i, r in enumerate(cands):
@@ -289,7 +290,7 @@ class FleetgatePolicy(PolicyBase):
                     skipped += 1
                     continue
                 if t < best_t or (t == best_t and v < best_v):
-                    best_i, best_t, best_v = i, t, v
+                    best_i, best_t, best_v, best_w = i, t, v, wait
                 if (
                     d
                     and sticky
@@ -307,7 +308,10 @@ class FleetgatePolicy(PolicyBase):
         guard.skips += skipped
         if learned_seen:
             est.learned_seen = True
-        chosen, t, reason = self.picker.choose(sub_i, sub_t, deep_i, deep_d, deep_t, best_i, best_t)
+        share = deep_d * bt / inp if inp > 0 else 1.0
+        chosen, t, reason = self.picker.choose(
+            sub_i, sub_t, deep_i, deep_d, deep_t, best_i, best_t, best_w, share if share < 1.0 else 1.0
+        )
         rep = cands[chosen]
         name = rep.name
         cached_blocks = depths.get(name, 0) if depths else 0

@@ -8,11 +8,18 @@ affinity subset (ring order breaks ties). It wins unless the fastest candidate o
 
 with ``spill_factor`` / ``spill_slack_s`` when the leader holds part of the prompt, and the tighter
 ``spill_factor_new`` / ``spill_slack_new_s`` when nothing of it is cached anywhere (the subset then only keeps
-keys apart; the cache leader will find the next turn wherever this one goes). Inputs are TTFT estimates in
-seconds (``scorers.ttft``), so this picker belongs to the ``fleetgate`` policy.
+keys apart; the cache leader will find the next turn wherever this one goes). With ``spill_max_wait_s`` a
+cache leader holding a share ``s`` of the prompt spills only onto a replica whose queued prefill ends
+within ``spill_max_wait_s / s`` seconds (a leader holding only a short shared template spills as before):
+a spill re-prefills the context the leader holds (and moves the session's next turns with it), which costs
+nothing on idle capacity but, when every replica has a queue, is work every later request waits behind
+(measured on agentic sessions: docs/benchmarks.md, "Session 5"). Inputs are TTFT estimates in seconds
+(``scorers.ttft``), so this picker belongs to the ``fleetgate`` policy.
 """
 
 from __future__ import annotations
+
+import math
 
 from pydantic import Field
 
@@ -35,6 +42,13 @@ class LeaderSpillParams(PluginParams):
     )
     sticky_cache: bool = Field(default=True, description="The replica holding most of the prompt leads.")
     sticky_min_blocks: int = Field(default=1, description="Cached blocks that make a replica the leader.")
+    spill_max_wait_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="A cache leader holding a share s of the prompt spills only to a replica whose queued "
+        "prefill ends within this many seconds / s (none: no bound). A spill re-prefills the cached "
+        "context: free on idle capacity, paid by every later request under load.",
+    )
 
 
 class LeaderSpillPicker(StageBase):
@@ -50,19 +64,32 @@ class LeaderSpillPicker(StageBase):
         self.spill_slack_new_s = params.spill_slack_new_s
         self.sticky_cache = params.sticky_cache
         self.sticky_min_blocks = params.sticky_min_blocks
+        self.spill_max_wait_s = math.inf if params.spill_max_wait_s is None else params.spill_max_wait_s
         self.spills = 0
 
     def choose(
-        self, sub_i: int, sub_t: float, deep_i: int, deep_d: int, deep_t: float, best_i: int, best_t: float
+        self,
+        sub_i: int,
+        sub_t: float,
+        deep_i: int,
+        deep_d: int,
+        deep_t: float,
+        best_i: int,
+        best_t: float,
+        best_wait: float = 0.0,
+        deep_share: float = 1.0,
     ) -> tuple[int, float, str]:
         """``(index, ttft, reason)`` from the subset's fastest (``sub_*``), the deepest cache holder
-        (``deep_*``, ``deep_i < 0`` for none) and the fastest overall (``best_*``)."""
+        (``deep_*``, ``deep_i < 0`` for none) and the fastest overall (``best_*``, with ``best_wait`` seconds
+        of prefill queued ahead of it; ``deep_share``: the share of the prompt the cache holder holds)."""
+        stay = False
         if deep_i >= 0 and deep_d >= self.sticky_min_blocks:
             sub_i, sub_t = deep_i, deep_t  # the replica expected to hold the most of the prompt leads
             factor, slack_s = self.spill_factor, self.spill_slack_s
+            stay = best_wait * deep_share > self.spill_max_wait_s
         else:
             factor, slack_s = self.spill_factor_new, self.spill_slack_new_s
-        if sub_i >= 0 and sub_t <= factor * best_t + slack_s:
+        if sub_i >= 0 and (stay or sub_t <= factor * best_t + slack_s):
             return sub_i, sub_t, "fleetgate:affinity"
         self.spills += 1
         return best_i, best_t, "fleetgate:spill"
