@@ -39,6 +39,10 @@ FREE = "sk-free-probe"
 ADMIN = "sk-admin-probe"
 OUT_TOKENS = 100  # 100 steps of ~10 ms: ~1 s per tenant request
 STEP_S = 0.01
+#: Sent at once: the fleet meter (100 MU/min, 1 MU each) admits ~1.7 requests/s, so most of them wait in the
+#: gateway's queue while the engine's 2 slots are busy and 3+ admitted ones wait there (all done in ~12 s).
+GOLD_REQUESTS = 12
+FREE_REQUESTS = 6
 
 
 def _write_fleet_files(tmp_path: Path, engine_url: str) -> Path:
@@ -113,10 +117,12 @@ async def test_probe_goes_ahead_of_saturated_queues(start_engine: Any, tools: An
         first: list[float | None] = []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             tasks = [
-                asyncio.ensure_future(_tenant_request(session, url, GOLD, sent, first)) for _ in range(24)
+                asyncio.ensure_future(_tenant_request(session, url, GOLD, sent, first))
+                for _ in range(GOLD_REQUESTS)
             ]
             tasks += [
-                asyncio.ensure_future(_tenant_request(session, url, FREE, sent, first)) for _ in range(6)
+                asyncio.ensure_future(_tenant_request(session, url, FREE, sent, first))
+                for _ in range(FREE_REQUESTS)
             ]
             # Wait until both queues are non-empty: engine waiting (slots full) and gateway admission queue.
             async with httpx.AsyncClient(timeout=5) as http:
@@ -127,6 +133,7 @@ async def test_probe_goes_ahead_of_saturated_queues(start_engine: Any, tools: An
                         await http.get(url + "/admin/usage", headers={"Authorization": f"Bearer {ADMIN}"})
                     ).json()
                     if stats["num_waiting"] >= 3 and stats["num_running"] == 2 and usage["queue_depth"] >= 3:
+                        print(f"engine waiting {stats['num_waiting']}, queued {usage['queue_depth']}")
                         break
                     assert time.monotonic() < deadline, (stats, usage["queue_depth"])
                     await asyncio.sleep(0.05)
@@ -161,8 +168,8 @@ async def test_probe_goes_ahead_of_saturated_queues(start_engine: Any, tools: An
         assert overtaken >= max(1, waiting_before - 2), (overtaken, waiting_before)
         # No tenant request was lost: gold is admitted (reserved, within the queue deadline), free is
         # either admitted from idle capacity or shed with 503.
-        assert all(s == 200 for s in statuses[:24]), statuses
-        assert all(s in (200, 503) for s in statuses[24:]), statuses
+        assert all(s == 200 for s in statuses[:GOLD_REQUESTS]), statuses
+        assert all(s in (200, 503) for s in statuses[GOLD_REQUESTS:]), statuses
     finally:
         gateway.kill()
 
