@@ -68,6 +68,12 @@ fi
 echo "== [real engines] all built in $((SECONDS - ENGINES_T0)) s; required: $REQUIRE" >&2
 export FLEETGATE_REQUIRE_REAL_ENGINES="$REQUIRE"
 
+# Bytecode written once, under ~/.cache/fleetgate/pycache (never into the repo), and read by every engine and
+# gateway process the tests start: where PYTHONDONTWRITEBYTECODE=1 is set, each of those processes compiled
+# its ~150 fleetgate modules from source (~0.35 s more per gateway start, ~0.1 s per engine, at load 6).
+export PYTHONPYCACHEPREFIX="${FLEETGATE_CACHE:-$HOME/.cache/fleetgate}/pycache"
+unset PYTHONDONTWRITEBYTECODE
+
 TESTS_T0=$SECONDS
 rc=0
 "$BIN/python" -m pytest -q -p no:cacheprovider "${PYTEST_EXTRA[@]}" "$@" || rc=$?
