@@ -7,7 +7,8 @@ llama-server binary and the tiny model (``make test`` builds them); without them
 engines only and the llama.cpp test is skipped with that reason by hand, and fails under ``make test``
 (tests/real_engines.py).
 
-CI variant: 2,000 requests at engine time scale 0.01 (about a minute or two on 2 cores). Long variant:
+CI variant: 1,400 requests at 30/s, engine time scale 0.01 (47 s of load, about 70 s in all on 2 cores; 2,000
+until 2026-12-01: every fault of the schedule still lands mid-load, keyed to the load's progress). Long variant:
 ``FLEETGATE_CHAOS_REQUESTS=10000 FLEETGATE_CHAOS_RATE=40 .venv/bin/pytest -s tests/chaos`` (or ``make
 soak``). See docs/reliability.md.
 """
@@ -29,12 +30,13 @@ pytestmark = [
 ]
 
 LLAMA_MISSING = missing_llama_parts()
+CI_REQUESTS = 1400
 
 
 @pytest.fixture(scope="module")
 def chaos(tmp_path_factory: pytest.TempPathFactory) -> ChaosResult:
     """The whole chaos scenario, run once for the module (the tests below read its ledger)."""
-    total = env_int("FLEETGATE_CHAOS_REQUESTS", 2000)
+    total = env_int("FLEETGATE_CHAOS_REQUESTS", CI_REQUESTS)
     rate = float(env_int("FLEETGATE_CHAOS_RATE", 30))
     workdir = tmp_path_factory.mktemp("chaos")
     result = asyncio.run(run_chaos(workdir, total=total, rate=rate, llama=not LLAMA_MISSING))
@@ -50,7 +52,7 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> ChaosResult:
 
 
 def test_chaos_no_request_lost_duplicated_or_truncated(chaos: ChaosResult) -> None:
-    total = env_int("FLEETGATE_CHAOS_REQUESTS", 2000)
+    total = env_int("FLEETGATE_CHAOS_REQUESTS", CI_REQUESTS)
     report = chaos.report
     assert report.total == total
     assert not [line for line in chaos.log if "failed" in line or "not reached" in line], chaos.log
