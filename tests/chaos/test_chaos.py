@@ -7,10 +7,10 @@ llama-server binary and the tiny model (``make test`` builds them); without them
 engines only and the llama.cpp test is skipped with that reason by hand, and fails under ``make test``
 (tests/real_engines.py).
 
-CI variant: 1,400 requests at 30/s, engine time scale 0.01 (47 s of load, about 70 s in all on 2 cores; 2,000
-until 2026-12-01: every fault of the schedule still lands mid-load, keyed to the load's progress). Long variant:
-``FLEETGATE_CHAOS_REQUESTS=10000 FLEETGATE_CHAOS_RATE=40 .venv/bin/pytest -s tests/chaos`` (or ``make
-soak``). See docs/reliability.md.
+CI variant: 1,400 requests at 30/s, engine time scale 0.01 (47 s of load, about 70 s in all on 2 cores;
+2,000 until 2026-12-01: every fault of the schedule still lands mid-load, keyed to the load's progress).
+Long variant: ``FLEETGATE_CHAOS_REQUESTS=10000 FLEETGATE_CHAOS_RATE=40 .venv/bin/pytest -s tests/chaos``
+(or ``make soak``). See docs/reliability.md.
 """
 
 from __future__ import annotations
