@@ -8,6 +8,8 @@ and known tenants, readable key and tokenizer files.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -141,27 +143,105 @@ def reservation_target_utilisation(cfg: FleetgateConfig, dep: DeploymentConfig |
     return (scaler if isinstance(scaler, AutoscalePolicy) else AutoscalePolicy()).target_utilisation
 
 
+@dataclass(frozen=True, slots=True)
+class PoolShortfall:
+    """A pool whose floors need more GPUs than it has: by how many, and the reserved MU/min its GPUs
+    cannot back at this mix of deployments (``sold * (1 - gpus / exact GPUs needed)``)."""
+
+    index: int
+    pool: str
+    gpus: int
+    need_gpus: int
+    sold_mu_per_min: float
+    short_mu_per_min: float
+    targets: tuple[float, ...]
+
+    @property
+    def short_gpus(self) -> int:
+        return self.need_gpus - self.gpus
+
+    def line(self) -> str:
+        at = "/".join(f"{t:g}" for t in self.targets)
+        return (
+            f"pools.{self.index}: pool {self.pool!r} is oversold: the reservations on its deployments "
+            f"({self.sold_mu_per_min:g} MU/min) need {self.need_gpus} GPUs at target utilisation {at}, "
+            f"it has {self.gpus}: short by {self.short_gpus} GPUs and {self.short_mu_per_min:.1f} MU/min"
+        )
+
+    def public(self) -> dict[str, object]:
+        """The shortfall as the admin API answers it (409)."""
+        return {
+            "pool": self.pool,
+            "gpus": self.gpus,
+            "gpus_needed": self.need_gpus,
+            "short_gpus": self.short_gpus,
+            "sold_mu_per_min": self.sold_mu_per_min,
+            "short_mu_per_min": round(self.short_mu_per_min, 3),
+        }
+
+
+def sold_by_model(cfg: FleetgateConfig) -> dict[str, float]:
+    """MU/min the configured tenants reserved, per deployment."""
+    sold: dict[str, float] = {}
+    for tenant in cfg.tenants:
+        for model, mu in tenant.reserved_mu_per_min.items():
+            sold[model] = sold.get(model, 0.0) + mu
+    return sold
+
+
+def pool_shortfalls(cfg: FleetgateConfig, sold: Mapping[str, float]) -> list[PoolShortfall]:
+    """The pools whose floors (the replicas backing ``sold``, MU/min per deployment) need more GPUs than
+    they have; unknown pools and unreadable profiles are skipped (``pool_problems`` reports them)."""
+    from fleetgate.core.capacity import floor_replicas
+    from fleetgate.profiles import replica_capacity_mu_per_min
+
+    index = {pool.name: k for k, pool in reversed(list(enumerate(cfg.pools)))}
+    need_gpus = [0] * len(cfg.pools)
+    exact_gpus = [0.0] * len(cfg.pools)
+    sold_mu = [0.0] * len(cfg.pools)
+    targets: list[set[float]] = [set() for _ in cfg.pools]
+    for dep in cfg.deployments:
+        if dep.pool is None or dep.pool not in index:
+            continue
+        k = index[dep.pool]
+        mu = sold.get(dep.model, 0.0)
+        try:
+            per_replica = replica_capacity_mu_per_min(dep)
+        except (ValueError, OSError, TypeError, KeyError):
+            continue  # an unreadable cost profile is reported by config_problems
+        target = reservation_target_utilisation(cfg, dep)
+        targets[k].add(target)
+        need_gpus[k] += floor_replicas(mu, per_replica, target) * dep.gpus_per_replica
+        exact_gpus[k] += mu * dep.gpus_per_replica / (per_replica * target)
+        sold_mu[k] += mu
+    out = []
+    for k, pool in enumerate(cfg.pools):
+        if need_gpus[k] <= pool.gpus:
+            continue
+        out.append(
+            PoolShortfall(
+                index=k,
+                pool=pool.name,
+                gpus=pool.gpus,
+                need_gpus=need_gpus[k],
+                sold_mu_per_min=sold_mu[k],
+                short_mu_per_min=max(0.0, sold_mu[k] * (1.0 - pool.gpus / exact_gpus[k])),
+                targets=tuple(sorted(targets[k])),
+            )
+        )
+    return out
+
+
 def pool_problems(cfg: FleetgateConfig) -> list[str]:
     """Pools named twice or unknown, replicas larger than their pool, and pools whose floors (the replicas
     backing the reservations sold on their deployments) need more GPUs than they have: one line per pool
     with the shortfall in GPUs and in MU/min (what the pool's GPUs cannot back at this mix)."""
-    from fleetgate.core.capacity import floor_replicas
-    from fleetgate.profiles import replica_capacity_mu_per_min
-
     problems: list[str] = []
     pools: dict[str, int] = {}
     for i, pool in enumerate(cfg.pools):
         if pool.name in pools:
             problems.append(f"pools.{i}.name: pool {pool.name!r} is already pools.{pools[pool.name]}")
         pools.setdefault(pool.name, i)
-    sold: dict[str, float] = {}
-    for tenant in cfg.tenants:
-        for model, mu in tenant.reserved_mu_per_min.items():
-            sold[model] = sold.get(model, 0.0) + mu
-    need_gpus = [0] * len(cfg.pools)
-    exact_gpus = [0.0] * len(cfg.pools)
-    sold_mu = [0.0] * len(cfg.pools)
-    targets: list[set[float]] = [set() for _ in cfg.pools]
     for i, dep in enumerate(cfg.deployments):
         if dep.pool is None:
             continue
@@ -174,24 +254,5 @@ def pool_problems(cfg: FleetgateConfig) -> list[str]:
                 f"deployments.{i}.gpus_per_replica: {dep.gpus_per_replica} GPUs per replica do not fit pool "
                 f"{dep.pool!r} ({cfg.pools[k].gpus} GPUs)"
             )
-        mu = sold.get(dep.model, 0.0)
-        try:
-            per_replica = replica_capacity_mu_per_min(dep)
-        except (ValueError, OSError, TypeError, KeyError):
-            continue  # an unreadable cost profile is reported by config_problems
-        target = reservation_target_utilisation(cfg, dep)
-        targets[k].add(target)
-        need_gpus[k] += floor_replicas(mu, per_replica, target) * dep.gpus_per_replica
-        exact_gpus[k] += mu * dep.gpus_per_replica / (per_replica * target)
-        sold_mu[k] += mu
-    for k, pool in enumerate(cfg.pools):
-        if need_gpus[k] <= pool.gpus:
-            continue
-        over_mu = max(0.0, sold_mu[k] * (1.0 - pool.gpus / exact_gpus[k]))
-        at = "/".join(f"{t:g}" for t in sorted(targets[k]))
-        problems.append(
-            f"pools.{k}: pool {pool.name!r} is oversold: the reservations on its deployments "
-            f"({sold_mu[k]:g} MU/min) need {need_gpus[k]} GPUs at target utilisation {at}, it has "
-            f"{pool.gpus}: short by {need_gpus[k] - pool.gpus} GPUs and {over_mu:.1f} MU/min"
-        )
+    problems += [short.line() for short in pool_shortfalls(cfg, sold_by_model(cfg))]
     return problems

@@ -16,7 +16,7 @@ import yaml
 
 from fleetgate.capacity_loop import PoolMemberPlan, PoolPlan
 from fleetgate.config import ConfigError, DeploymentConfig, FleetgateConfig
-from fleetgate.config_checks import reservation_target_utilisation
+from fleetgate.config_checks import reservation_target_utilisation, sold_by_model
 from fleetgate.config_control import (
     DEFAULT_REMEDIATION,
     KubernetesProviderConfig,
@@ -161,22 +161,13 @@ def control_plane(cfg: FleetgateConfig) -> ControlPlane:
             if cfg.admission.store.kind == "redis" and dep.autoscaler is not None:
                 plane.demand_shares[dep.model] = _demand_share_factory(cfg, dep.model)
     plane.pools = pool_plans(cfg)
-    sold = sold_from_config(cfg)
+    sold = sold_by_model(cfg)
     for plan in plane.pools:  # what each starts with: floors first, within its pool
         plane.initial.update({m: n for m, n in plan.initial(sold).items() if m in plane.initial})
     return plane
 
 
 # -- GPU pools (issue 18): the allocator's inputs from the config; the loop is ``capacity_loop`` -----------
-
-
-def sold_from_config(cfg: FleetgateConfig) -> dict[str, float]:
-    """MU/min the configured tenants reserved, per deployment."""
-    sold: dict[str, float] = {}
-    for tenant in cfg.tenants:
-        for model, mu in tenant.reserved_mu_per_min.items():
-            sold[model] = sold.get(model, 0.0) + mu
-    return sold
 
 
 def pool_plans(cfg: FleetgateConfig) -> list[PoolPlan]:

@@ -63,6 +63,7 @@ from fleetgate.providers.local import LocalProcessProvider
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from fleetgate.admission.reservations import ReservationBook
     from fleetgate.multimodal.pipeline import ImagePipeline
 
 log = logging.getLogger("fleetgate")
@@ -328,12 +329,14 @@ def build_gateway(
     )
     if images is not None:
         attach_images(app, images, prestart=cfg.multimodal.prestart, registry=metrics.registry)
+    reservations: ReservationBook | None = None
     if not isinstance(gate, OpenAdmission):
         from fleetgate.admission.http import add_admin_routes
         from fleetgate.admission.service import AdmissionService
 
         if isinstance(gate, AdmissionService):
             add_admin_routes(app, gate)  # /admin/tenants, /admin/usage, /admin/capacity
+            reservations = gate.reservations
     ops.install(app, metrics.registry)  # SLO gauges, /admin/status, /ui, request ids in log lines
     server = GatewayServer(
         config=gw,
@@ -352,6 +355,8 @@ def build_gateway(
         server.add_service(f"leader-{model}", leader.start, leader.stop)
     for model, share in shares.items():
         server.add_service(f"demand-{model}", share.start, share.stop)
+    if reservations is not None:  # run-time reservations (admin API) from the store, every replica in step
+        server.add_loop("reservations", reservations.run)
     for model, monitor in monitors.items():
         server.add_service(f"health-{model}", monitor.start, monitor.stop)
     for model, loop in loops.items():

@@ -5,6 +5,9 @@
 - ``GET /admin/usage/{tenant}``: admin, or that very tenant; any other tenant gets 403 (whether or not the
   name exists, so names cannot be probed).
 - ``GET /admin/capacity``: capacity, sold and unsold MU/min per deployment (admin key only).
+- ``GET / PUT / DELETE /admin/tenants/{tenant}/reservations`` (``DELETE .../reservations/{model}``): a
+  tenant's reservations at run time (admin key only); PUT ``{model: mu_per_min}`` sets those models (0
+  removes one) and answers 409 with the shortfall when a GPU pool could not back it (``reservations``).
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from fleetgate.admission.reservations import ReservationBook
 from fleetgate.admission.service import AdmissionService
 from fleetgate.admission.tenants import Tenant
-from fleetgate.core.errors import FleetgateError, NotFoundError, PermissionDeniedError
+from fleetgate.core.errors import FleetgateError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from fleetgate.gateway.errors import error_response
 
 SERVICE_KEY: web.AppKey[AdmissionService] = web.AppKey("fleetgate_admission", AdmissionService)
@@ -86,12 +90,61 @@ async def capacity(request: web.Request) -> web.Response:
         return _error(exc)
 
 
+def _book(service: AdmissionService) -> ReservationBook:
+    if service.reservations is None:
+        raise NotFoundError("Reservations cannot be changed on this gateway.", code="no_reservation_book")
+    return service.reservations
+
+
+def _reserved(name: str, reserved: dict[str, float]) -> web.Response:
+    return _json({"tenant": name, "reserved_mu_per_min": reserved})
+
+
+async def get_reservations(request: web.Request) -> web.Response:
+    try:
+        service, caller = _caller(request)
+        _admin_only(caller)
+        name = request.match_info["tenant"]
+        return _reserved(name, _book(service).current(name))
+    except FleetgateError as exc:
+        return _error(exc)
+
+
+async def put_reservations(request: web.Request) -> web.Response:
+    try:
+        service, caller = _caller(request)
+        _admin_only(caller)
+        name = request.match_info["tenant"]
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequestError(f"The body is not valid JSON: {exc}", code="invalid_json") from exc
+        return _reserved(name, await _book(service).put(name, body))
+    except FleetgateError as exc:
+        return _error(exc)
+
+
+async def delete_reservations(request: web.Request) -> web.Response:
+    try:
+        service, caller = _caller(request)
+        _admin_only(caller)
+        name = request.match_info["tenant"]
+        return _reserved(name, await _book(service).delete(name, request.match_info.get("model")))
+    except FleetgateError as exc:
+        return _error(exc)
+
+
 def add_admin_routes(app: web.Application, service: AdmissionService, *, with_capacity: bool = True) -> None:
     """Mount the admin routes on ``app`` (set ``with_capacity=False`` if the app serves its own)."""
     app[SERVICE_KEY] = service
     app.router.add_get("/admin/tenants", tenants)
     app.router.add_get("/admin/usage", usage)
     app.router.add_get("/admin/usage/{tenant}", tenant_usage)
+    reservations = "/admin/tenants/{tenant}/reservations"
+    app.router.add_get(reservations, get_reservations)
+    app.router.add_put(reservations, put_reservations)
+    app.router.add_delete(reservations, delete_reservations)
+    app.router.add_delete(reservations + "/{model}", delete_reservations)
     if with_capacity:
         app.router.add_get("/admin/capacity", capacity)
 

@@ -31,6 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from fleetgate.admission.metrics import AdmissionMetrics
+from fleetgate.admission.reservations import ReservationBook
 from fleetgate.admission.tenants import ANONYMOUS_TENANT, Tenant, TenantDirectory
 from fleetgate.config import FleetgateConfig
 from fleetgate.core.admission import (
@@ -126,8 +127,11 @@ class AdmissionService(AdmissionHooks):
         metrics: AdmissionMetrics | None = None,
         registry: CollectorRegistry | None = None,
         time_scale: float = 1.0,
+        reservations: ReservationBook | None = None,
     ) -> None:
         self.directory = directory
+        #: run-time reservation changes (admin API), kept in the store; ``None``: only the configured ones
+        self.reservations = reservations
         self.store = store
         self.settings = settings or AdmissionSettings()
         self.machine = AdmissionMachine(self.settings, self.capacity)
@@ -181,9 +185,11 @@ class AdmissionService(AdmissionHooks):
         capacities = {
             d.model: replica_capacity_mu_per_min(d) * len(d.replicas) for d in cfg.deployments if d.replicas
         }
+        directory = TenantDirectory.from_config(cfg.tenants, adm.admin_api_keys)
+        store = store or build_store(adm.store)
         return cls(
-            TenantDirectory.from_config(cfg.tenants, adm.admin_api_keys),
-            store or build_store(adm.store),
+            directory,
+            store,
             settings,
             capacity_of=capacity_of,
             capacities=capacities,
@@ -191,6 +197,7 @@ class AdmissionService(AdmissionHooks):
             clock=clock,
             registry=registry,
             time_scale=time_scale,
+            reservations=ReservationBook(cfg, store, directory),
         )
 
     async def start(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleetgate.config import TenantConfig
 from fleetgate.core.admission import ANONYMOUS, TenantLimits
@@ -97,6 +97,15 @@ class TenantDirectory:
         for h in wanted:
             self._by_hash[h] = owner
         self._keyed = True
+
+    def set_reservations(self, name: str, reserved: Mapping[str, float]) -> Tenant:
+        """Replace the tenant's reservations (MU/min per model), its keys kept; returns the new tenant."""
+        old = self._tenants[name]
+        new = Tenant(old.name, replace(old.limits, reserved_mu_per_min=dict(reserved)), old.admin)
+        self._tenants[name] = new
+        for h in [h for h, t in self._by_hash.items() if t is old]:
+            self._by_hash[h] = new
+        return new
 
     def tenants(self) -> Mapping[str, Tenant]:
         return dict(self._tenants)

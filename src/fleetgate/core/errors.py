@@ -48,6 +48,36 @@ class InvalidRequestError(FleetgateError):
     error_type = "invalid_request_error"
 
 
+class ConflictError(FleetgateError):
+    """The request conflicts with the state it would change (e.g. a reservation its GPU pool cannot back);
+    ``details`` appear in the error body beside ``message`` (``{"error": {..., "shortfall": {...}}}``)."""
+
+    status = 409
+    error_type = "invalid_request_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        details: Mapping[str, object] | None = None,
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+        self.details: dict[str, object] = dict(details or {})
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+                **self.details,
+            }
+        }
+
+
 class RequestTimeoutError(InvalidRequestError):
     """The client did not send its request (body) in time."""
 

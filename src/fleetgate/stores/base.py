@@ -84,6 +84,15 @@ class AdmissionStore(Protocol):
         """Usage counters of one tenant."""
         ...
 
+    async def reservations(self) -> dict[str, dict[str, float]]:
+        """Reservations set at run time (admin API): tenant -> {model: MU/min}; a tenant absent here keeps
+        its configured ones."""
+        ...
+
+    async def set_reservations(self, tenant: str, reserved: Mapping[str, float]) -> None:
+        """Replace ``tenant``'s run-time reservations (``{}``: it has none, whatever its config says)."""
+        ...
+
     async def ping(self) -> bool:
         """Whether the store answers now."""
         ...

@@ -17,6 +17,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self.buckets = MemoryBuckets()
         self._usage: dict[str, dict[str, float]] = {}
+        self._reservations: dict[str, dict[str, float]] = {}
 
     def _add(self, usage_key: str, fields: Mapping[str, float]) -> None:
         row = self._usage.setdefault(usage_key, {})
@@ -57,6 +58,12 @@ class MemoryStore:
 
     async def usage(self, usage_key: str) -> dict[str, float]:
         return dict(self._usage.get(usage_key, {}))
+
+    async def reservations(self) -> dict[str, dict[str, float]]:
+        return {t: dict(r) for t, r in self._reservations.items()}
+
+    async def set_reservations(self, tenant: str, reserved: Mapping[str, float]) -> None:
+        self._reservations[tenant] = dict(reserved)
 
     async def ping(self) -> bool:
         return True

@@ -19,6 +19,7 @@ try after the interval reconnects.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -219,6 +220,7 @@ class RedisStore:
         self.url = url
         self.lease_ttl_s: float | None = lease_ttl_s
         self._leases_key = f"{namespace}:leases"
+        self._reservations_key = f"{namespace}:reservations"  # hash: tenant -> JSON {model: MU/min}
         self._lease_prefix = f"{namespace}:lease:"
         self.server_time = server_time
         self.retry_interval_s = retry_interval_s
@@ -342,6 +344,30 @@ class RedisStore:
         except _UNAVAILABLE as exc:
             raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
         return {str(k): float(v) for k, v in raw.items()}
+
+    async def reservations(self) -> dict[str, dict[str, float]]:
+        if not self.available and time.monotonic() < self._down_until:
+            raise StoreUnavailableError(f"redis at {self.url} unreachable (retrying shortly)")
+        try:
+            raw = await self._redis.hgetall(self._reservations_key)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+        out: dict[str, dict[str, float]] = {}
+        for tenant, blob in raw.items():
+            try:
+                out[str(tenant)] = {str(m): float(v) for m, v in json.loads(blob).items()}
+            except (ValueError, AttributeError, TypeError):
+                log.warning(
+                    "ignoring unreadable reservations of tenant %s in %s", tenant, self._reservations_key
+                )
+        return out
+
+    async def set_reservations(self, tenant: str, reserved: Mapping[str, float]) -> None:
+        blob = json.dumps({m: float(v) for m, v in sorted(reserved.items())})
+        try:
+            await self._redis.hset(self._reservations_key, tenant, blob)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
 
     async def ping(self) -> bool:
         try:

@@ -1,0 +1,158 @@
+"""Reservations changed at run time (``PUT/DELETE /admin/tenants/{name}/reservations``, issue 18 item 4).
+
+A change is checked against the GPU pools first: the floors of every pool (the replicas backing what was
+sold on its deployments, ``config_checks.pool_shortfalls``, the same arithmetic as config load) must still
+fit, else it is refused with the shortfall in GPUs and MU/min (409). An accepted change goes to the admission
+store (Redis when configured: every gateway replica reads it and a restart loses none; the in-memory store
+otherwise) and into the tenant directory, which admission, the capacity ledger and the pool allocator read.
+Every gateway replica re-reads the store every ``refresh_s``, so a change made through one is enforced by
+all within that time. (Two replicas accepting conflicting changes in the same instant can together oversell
+a pool: each checks against the reservations it knows, read from the store just before.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Mapping
+
+from fleetgate.admission.tenants import TenantDirectory
+from fleetgate.config import FleetgateConfig
+from fleetgate.config_checks import pool_shortfalls
+from fleetgate.core.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
+from fleetgate.stores import AdmissionStore, StoreUnavailableError
+
+log = logging.getLogger("fleetgate.admission.reservations")
+
+
+class ReservationBook:
+    """Checks, stores and applies tenants' reservation changes; keeps every gateway replica in step."""
+
+    def __init__(
+        self,
+        cfg: FleetgateConfig,
+        store: AdmissionStore,
+        directory: TenantDirectory,
+        *,
+        refresh_s: float = 1.0,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.directory = directory
+        self.refresh_s = refresh_s
+        self.models = {d.model for d in cfg.deployments}
+
+    def sold(self) -> dict[str, float]:
+        """MU/min reserved per deployment, as the directory has it now."""
+        sold: dict[str, float] = {}
+        for tenant in self.directory.tenants().values():
+            for model, mu in tenant.limits.reserved_mu_per_min.items():
+                sold[model] = sold.get(model, 0.0) + mu
+        return sold
+
+    async def refresh(self) -> None:
+        """Apply the run-time reservations in the store (tenants no longer configured are ignored)."""
+        for name, reserved in (await self.store.reservations()).items():
+            tenant = self.directory.get(name)
+            if tenant is not None and dict(tenant.limits.reserved_mu_per_min) != reserved:
+                self.directory.set_reservations(name, reserved)
+                log.info("reservations of tenant %s now %s", name, reserved)
+
+    async def run(self) -> None:
+        """Refresh now, then every ``refresh_s`` (a store outage is logged and retried)."""
+        while True:
+            try:
+                await self.refresh()
+            except StoreUnavailableError as exc:
+                log.warning("reservations not refreshed: %s", exc)
+            await asyncio.sleep(self.refresh_s)
+
+    def current(self, name: str) -> dict[str, float]:
+        tenant = self.directory.get(name)
+        if tenant is None:
+            raise NotFoundError(f"No tenant named {name!r}.", code="tenant_not_found")
+        return dict(tenant.limits.reserved_mu_per_min)
+
+    async def put(self, name: str, changes: object) -> dict[str, float]:
+        """Set the MU/min of each model in ``changes`` (0 removes it); the others stay. Returns the
+        tenant's reservations after the change."""
+        self.current(name)
+        wanted = self._parse(changes)
+        await self._refresh_for_write()
+        new = {**self.current(name), **wanted}
+        new = {m: mu for m, mu in new.items() if mu > 0}
+        self._check(name, new)
+        return await self._write(name, new)
+
+    async def delete(self, name: str, model: str | None = None) -> dict[str, float]:
+        """Drop the tenant's reservation on ``model`` (``None``: all of them); never oversells."""
+        self.current(name)
+        await self._refresh_for_write()
+        new = {} if model is None else {m: mu for m, mu in self.current(name).items() if m != model}
+        return await self._write(name, new)
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _parse(self, changes: object) -> dict[str, float]:
+        if not isinstance(changes, Mapping) or not changes:
+            raise InvalidRequestError(
+                'The body must be a JSON object of model -> MU per minute, e.g. {"chat": 300}.',
+                code="invalid_reservations",
+            )
+        out: dict[str, float] = {}
+        for model, mu in changes.items():
+            if not isinstance(model, str) or model not in self.models:
+                raise InvalidRequestError(
+                    f"No deployment serves {model!r}.", param=str(model), code="model_not_found"
+                )
+            if isinstance(mu, bool) or not isinstance(mu, int | float) or not math.isfinite(mu) or mu < 0:
+                raise InvalidRequestError(
+                    f"The reservation on {model!r} must be a number of MU per minute >= 0.",
+                    param=model,
+                    code="invalid_reservations",
+                )
+            out[model] = float(mu)
+        return out
+
+    def _check(self, name: str, new: Mapping[str, float]) -> None:
+        """Refuse a change that leaves a pool whose deployments it raises unable to back its floors."""
+        old = self.current(name)
+        sold = self.sold()
+        for model in set(old) | set(new):
+            sold[model] = sold.get(model, 0.0) - old.get(model, 0.0) + new.get(model, 0.0)
+        raised = {m for m in new if new[m] > old.get(m, 0.0)}
+        pools = {d.pool for d in self.cfg.deployments if d.model in raised and d.pool is not None}
+        for short in pool_shortfalls(self.cfg, sold):
+            if short.pool in pools:
+                raise ConflictError(
+                    f"Pool {short.pool!r} cannot back this reservation: its reservations would need "
+                    f"{short.need_gpus} GPUs, it has {short.gpus} (short by {short.short_gpus} GPUs and "
+                    f"{short.short_mu_per_min:.1f} MU/min).",
+                    code="pool_oversold",
+                    details={"shortfall": short.public()},
+                )
+
+    async def _refresh_for_write(self) -> None:
+        try:
+            await self.refresh()  # check against what the other gateway replicas sold, not a stale view
+        except StoreUnavailableError as exc:
+            raise ServiceUnavailableError(
+                f"The admission store is unreachable; reservations cannot change now ({exc})."
+            ) from exc
+
+    async def _write(self, name: str, new: dict[str, float]) -> dict[str, float]:
+        try:
+            await self.store.set_reservations(name, new)
+        except StoreUnavailableError as exc:
+            raise ServiceUnavailableError(
+                f"The admission store is unreachable; reservations cannot change now ({exc})."
+            ) from exc
+        self.directory.set_reservations(name, new)
+        log.info("reservations of tenant %s set to %s", name, new)
+        return new
