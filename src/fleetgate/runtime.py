@@ -356,7 +356,7 @@ def build_gateway(
     for model, share in shares.items():
         server.add_service(f"demand-{model}", share.start, share.stop)
     if reservations is not None:  # run-time reservations (admin API) from the store, every replica in step
-        server.add_loop("reservations", reservations.run)
+        server.add_service("reservations", reservations.start, reservations.stop)
     for model, monitor in monitors.items():
         server.add_service(f"health-{model}", monitor.start, monitor.stop)
     for model, loop in loops.items():

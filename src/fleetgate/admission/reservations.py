@@ -13,6 +13,7 @@ a pool: each checks against the reservations it knows, read from the store just 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Mapping
@@ -47,6 +48,8 @@ class ReservationBook:
         self.directory = directory
         self.refresh_s = refresh_s
         self.models = {d.model for d in cfg.deployments}
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     def sold(self) -> dict[str, float]:
         """MU/min reserved per deployment, as the directory has it now."""
@@ -64,14 +67,37 @@ class ReservationBook:
                 self.directory.set_reservations(name, reserved)
                 log.info("reservations of tenant %s now %s", name, reserved)
 
-    async def run(self) -> None:
-        """Refresh now, then every ``refresh_s`` (a store outage is logged and retried)."""
-        while True:
+    async def start(self) -> None:
+        """Refresh now (a restart sees what was changed before it), then every ``refresh_s``."""
+        if self._task is None:
+            self._stopping = asyncio.Event()
+            with contextlib.suppress(StoreUnavailableError):
+                await self.refresh()
+            self._task = asyncio.create_task(self._run(), name="fleetgate-reservations")
+
+    async def stop(self) -> None:
+        """Stop refreshing; a refresh under way finishes first (its store calls have short timeouts):
+        cancelling a Redis call midway can leave the client's connection pool waiting for good."""
+        if self._task is not None:
+            self._stopping.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), 5.0)
+            except TimeoutError:
+                self._task.cancel()
+            self._task = None
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.refresh_s)
+            if self._stopping.is_set():
+                return
             try:
                 await self.refresh()
             except StoreUnavailableError as exc:
                 log.warning("reservations not refreshed: %s", exc)
-            await asyncio.sleep(self.refresh_s)
+            except Exception:  # keep refreshing; the next round may succeed
+                log.exception("reservations refresh failed")
 
     def current(self, name: str) -> dict[str, float]:
         tenant = self.directory.get(name)
