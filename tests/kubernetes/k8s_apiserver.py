@@ -1,4 +1,4 @@
-"""A TEST Kubernetes API server: aiohttp on 127.0.0.1, test code only, never shipped.
+"""A TEST Kubernetes API server: aiohttp on 127.0.0.1 (or a test namespace's address), test code only.
 
 No real cluster can run on these machines, so this server implements, with the real API's semantics, the
 part of Kubernetes fleetgate talks to, and runs the pods as REAL local engine processes
@@ -140,6 +140,7 @@ class FakeCluster:
         bookmark_interval_s: float = 1.0,
         termination_grace_s: float = 0.5,
         probe_interval_s: float = 0.2,
+        pod_ip: str = "127.0.0.1",
     ) -> None:
         self.namespace = namespace
         self.deployment = deployment
@@ -151,6 +152,7 @@ class FakeCluster:
         self.bookmark_interval_s = bookmark_interval_s
         self.termination_grace_s = termination_grace_s
         self.probe_interval_s = probe_interval_s
+        self.pod_ip = pod_ip  # where the engines listen (they must be started with --host pod_ip)
         self.rv = 0
         self.compacted_rv = 0
         self.store: dict[tuple[str, str, str], Obj] = {}
@@ -240,7 +242,7 @@ class FakeCluster:
 
     def ready_urls(self) -> list[str]:
         return sorted(
-            f"http://127.0.0.1:{p.port}" for p in self.pods.values() if p.serving and not p.terminating
+            f"http://{self.pod_ip}:{p.port}" for p in self.pods.values() if p.serving and not p.terminating
         )
 
     async def start(self) -> None:
@@ -319,7 +321,7 @@ class FakeCluster:
                 pod.port = int(match.group(1).rsplit(b":", 1)[1].rstrip(b"/"))
         obj = self.get("pods", pod.name)
         if obj is not None and not pod.terminating:
-            obj["status"] = merge_patch(obj["status"], {"phase": "Running", "podIP": "127.0.0.1"})
+            obj["status"] = merge_patch(obj["status"], {"phase": "Running", "podIP": self.pod_ip})
             self._put("pods", obj)
             self._sync_slice(pod)
         while await proc.stdout.read(65536):  # keep the pipe drained
@@ -331,7 +333,7 @@ class FakeCluster:
         ok = False
         if pod.proc is not None and pod.proc.returncode is None:
             try:
-                async with self._session.get(f"http://127.0.0.1:{pod.port}/health") as resp:
+                async with self._session.get(f"http://{self.pod_ip}:{pod.port}/health") as resp:
                     ok = resp.status == 200
             except (aiohttp.ClientError, TimeoutError):
                 ok = False
@@ -359,7 +361,7 @@ class FakeCluster:
         }  # fmt: skip
         obj["ports"] = [{"name": self.port_name, "port": pod.port, "protocol": "TCP"}]
         obj["endpoints"] = [{
-            "addresses": ["127.0.0.1"],
+            "addresses": [self.pod_ip],
             "conditions": {"ready": pod.serving and not pod.terminating, "serving": pod.serving,
                            "terminating": pod.terminating},
             "targetRef": {"kind": "Pod", "namespace": self.namespace, "name": pod.name},
@@ -417,8 +419,9 @@ class FakeCluster:
 class ApiServer:
     """The HTTP face of a :class:`FakeCluster` on 127.0.0.1; can go away and come back on the same port."""
 
-    def __init__(self, cluster: FakeCluster) -> None:
+    def __init__(self, cluster: FakeCluster, host: str = "127.0.0.1") -> None:
         self.cluster = cluster
+        self.host = host
         self.port = 0
         self._runner: web.AppRunner | None = None
         app = web.Application(middlewares=[self._middleware])
@@ -443,12 +446,12 @@ class ApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     async def start_http(self) -> None:
         self._runner = web.AppRunner(self.app, shutdown_timeout=0.5, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
         self.port = self._runner.addresses[0][1]
 

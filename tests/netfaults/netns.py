@@ -156,6 +156,11 @@ class Net:
             _ip(*args, "link", "set", dev, "up")
         return link
 
+    def route(self, host: Host, dest_ip: str, via: str) -> None:
+        """On ``host``, reach ``dest_ip`` through ``via`` (an address of a directly linked host)."""
+        args = ["-n", host.ns] if host.ns else []
+        _ip(*args, "route", "add", f"{dest_ip}/32", "via", via)
+
     def close(self) -> None:
         for host in self.hosts:
             assert host.ns is not None
