@@ -11,6 +11,7 @@ refused at once, which is what the store's short timeouts and fail-fast interval
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 import yaml
+from k8s_apiserver import ApiServer, FakeCluster
 from netns import PY, Host, Net, NsProcess, redis_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -159,3 +161,112 @@ async def test_gateway_cut_off_from_redis_answers_within_bounds_and_resumes(net:
         await r.aclose()
         for p in procs:
             p.kill()
+
+
+def k8s_gateway(
+    host: Host, tmp: Path, i: int, api_url: str, listen_ip: str, extra: dict[str, Any]
+) -> NsProcess:
+    """Gateway ``i`` on ``host`` (token ``gw<i>``) for the Deployment ``engine``; the static autoscaler wants
+    2 replicas, so whoever leads patches the scale back to 2 when it drifts."""
+    kubeconfig = tmp / f"kubeconfig-{i}"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "c", "cluster": {"server": api_url}}],
+        "users": [{"name": "u", "user": {"token": f"gw{i}"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u", "namespace": "llm"}}],
+    }))  # fmt: skip
+    deployment = {
+        "model": "m",
+        "provider": {"kind": "kubernetes", "deployment": "engine", "service": "engine", "port": "http"},
+        "autoscaler": {"policy": "static", "replicas": 2},
+        **extra.get("deployment", {}),
+    }
+    cfg = tmp / f"serve-{i}.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "gateway": {"host": listen_ip, "port": 8080, "metrics_auth": "none"}, "deployments": [deployment],
+        "ops": {"access_log": False}, **extra.get("top", {}),
+    }))  # fmt: skip
+    env = {"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""}
+    return NsProcess(host, [PY, "-m", "fleetgate.cli", "serve", "--config", str(cfg)], f"gateway-{i}", env)
+
+
+async def leading(s: aiohttp.ClientSession, url: str) -> bool:
+    return await metric(s, url, "fleetgate_leader", '{deployment="m"}') == 1.0
+
+
+def scalers(cluster: FakeCluster, since: float) -> set[str]:
+    """Tokens of the gateways that PATCHed the Deployment's scale after ``since``."""
+    return {tok for t, tok, m, p in cluster.calls if t >= since and m == "PATCH" and p.endswith("/scale")}
+
+
+async def test_redis_lock_leader_cut_off_from_redis_stops_before_the_other_side_leads(
+    net: Net, tmp_path: Path
+) -> None:
+    """Two gateways elect through a Redis lock (lease 3 s, renew deadline 2 s); both reach the API server
+    (the test's namespace), each reaches Redis over its own link. The leader's link to Redis goes down: it
+    stops leading by its renew deadline although it could still scale, the gateway on the other side of the
+    partition takes over once the lock lapses, never two leaders at a 50 ms poll, and only the new leader
+    patches the scale afterwards; the cut-off gateway keeps routing, and does not lead again when the link
+    comes back while the other holds the lock."""
+    gws = [net.host(f"g{i}") for i in range(2)]
+    rds = net.host("redis")
+    fronts = [net.link(net.root, g) for g in gws]  # API server, pods, client <-> gateway i
+    stores = [net.link(g, rds) for g in gws]  # gateway i <-> Redis
+    node_ip = fronts[0].a_ip  # the API server and the pods listen here; g1 reaches it through its link
+    net.route(gws[1], node_ip, fronts[1].a_ip)
+    redis_proc, port = redis_server(rds, [link.b_ip for link in stores], tmp_path)
+    engine = [PY, "-m", "fleetgate.cli", "engine", "sim", "--host", node_ip, "--port", "0", "--model", "m"]
+    cluster = FakeCluster(
+        replicas=1, bookmark_interval_s=0.3, termination_grace_s=0.3, pod_ip=node_ip, engine_command=engine
+    )
+    cluster.token = "admin"
+    cluster.tokens = {"gw0", "gw1"}
+    server = ApiServer(cluster, host=node_ip)
+    await cluster.start()
+    await server.start_http()
+    election = {"kind": "redis", "lease_duration_s": 3, "renew_deadline_s": 2, "retry_period_s": 0.5}
+    procs = [redis_proc]
+    for i, g in enumerate(gws):
+        store = {"kind": "redis", "url": f"redis://{stores[i].b_ip}:{port}/0", "namespace": "lead"}
+        extra = {"top": {"admission": {"store": store}}, "deployment": {"leader_election": election}}
+        procs.append(k8s_gateway(g, tmp_path, i, server.url, fronts[i].b_ip, extra))
+    try:
+        urls = await asyncio.gather(*(asyncio.to_thread(p.wait_ready, 60.0) for p in procs[1:]))
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
+            await cluster.wait_for(lambda: cluster.desired == 2, 30.0)
+            leaders = [i for i, url in enumerate(urls) if await leading(s, url)]
+            assert len(leaders) == 1, (leaders, [p.output[-1500:] for p in procs[1:]])
+            (first,) = leaders
+            other = 1 - first
+            stores[first].cut(far=rds)
+            cut = time.monotonic()
+            stepped_down = took_over = None
+            while took_over is None:
+                now = time.monotonic() - cut
+                assert now < 15.0, "no takeover after the partition"
+                old, new = await leading(s, urls[first]), await leading(s, urls[other])
+                assert not (old and new), f"two leaders at {now:.2f} s"
+                if not old and stepped_down is None:
+                    stepped_down = now
+                    cluster.scale(1)  # drift while nobody may lead: only the next leader restores it
+                if new:
+                    took_over = now
+                await asyncio.sleep(0.05)
+            assert stepped_down is not None and stepped_down <= 2.5 and stepped_down < took_over
+            await cluster.wait_for(lambda: cluster.desired == 2, 10.0)
+            assert scalers(cluster, cut + stepped_down) == {f"gw{other}"}
+            # the cut-off gateway still routes (its replicas come from the API server, reachable)
+            async with s.post(urls[first] + "/v1/chat/completions", json=BODY) as r:
+                assert r.status == 200, await r.text()
+
+            stores[first].heal(far=rds)
+            healed = time.monotonic()
+            while time.monotonic() - healed < 2.0:  # four retry periods with Redis reachable again
+                assert [await leading(s, url) for url in urls] == [i == other for i in range(2)]
+                await asyncio.sleep(0.1)
+        print(f"cut-off leader stopped after {stepped_down:.2f} s, the other led after {took_over:.2f} s")
+    finally:
+        for p in procs:
+            p.kill()
+        await server.stop_http()
+        await cluster.close()
