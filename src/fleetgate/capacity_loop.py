@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ log = logging.getLogger("fleetgate.capacity")
 
 #: MU/min sold on a deployment (the sum of its tenants' reservations), read at every decision.
 SoldFn = Callable[[str], float]
+#: MU/min settled on a deployment over the last minute (the capacity ledger's ``used``).
+UsedFn = Callable[[str], float]
 #: The autoscaler's latest desired replicas of a deployment (``None``: it has not decided yet).
 DesiredFn = Callable[[], int | None]
 
@@ -128,6 +131,44 @@ class PoolMetrics:
         self.floors_fit = Gauge(
             "fleetgate_pool_floors_fit", "1 while the floors fit in the pool.", ["pool"], registry=registry
         )
+        self.floor_gpus = Gauge(
+            "fleetgate_pool_floor_gpus",
+            "GPUs the floors of the pool's deployments need (what was sold, at target utilisation).",
+            ["pool"],
+            registry=registry,
+        )
+        per_dep = ["pool", "deployment"]
+        self.capacity = Gauge(
+            "fleetgate_pool_capacity_mu_per_minute",
+            "MU/min the deployment's replicas in the pool serve (held replicas x MU/min per replica).",
+            per_dep,
+            registry=registry,
+        )
+        self.sold = Gauge(
+            "fleetgate_pool_sold_mu_per_minute",
+            "MU/min reserved on the deployment (the sum of its tenants' reservations).",
+            per_dep,
+            registry=registry,
+        )
+        self.guaranteed = Gauge(
+            "fleetgate_pool_guaranteed_mu_per_minute",
+            "MU/min the pool guarantees the deployment: its floor replicas the pool can hold x MU/min per "
+            "replica x target utilisation (below sold only when the floors do not fit).",
+            per_dep,
+            registry=registry,
+        )
+        self.used = Gauge(
+            "fleetgate_pool_used_mu_per_minute",
+            "MU/min this gateway settled on the deployment over the last minute.",
+            per_dep,
+            registry=registry,
+        )
+        self.headroom = Gauge(
+            "fleetgate_pool_headroom_mu_per_minute",
+            "Capacity minus used MU/min of the deployment.",
+            per_dep,
+            registry=registry,
+        )
 
 
 @dataclass(slots=True)
@@ -147,12 +188,67 @@ class _Member:
 class PoolView:
     """The last decision of a pool, for ``/admin/capacity`` (``inputs`` per deployment, ``allocation``)."""
 
-    pool: str
-    gpus: int
+    plan: PoolPlan
     inputs: tuple[DeploymentDemand, ...]
     allocation: Allocation
     reclaimed: Mapping[str, int]
     sold_mu_per_min: Mapping[str, float]
+    used_mu_per_min: Mapping[str, float]
+
+    def guaranteed(self, member: PoolMemberPlan, d: DeploymentDemand) -> float:
+        """MU/min the pool backs on ``d``: the floor replicas it can hold at the target utilisation."""
+        held_floor = min(d.floor, self.allocation.replicas[d.name])
+        return held_floor * member.capacity_mu_per_min * member.target_utilisation
+
+    def report(self, tenants: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, object]:
+        """Per pool and deployment (and tenant, given ``tenants``: deployment -> tenant -> used MU/min):
+        capacity (GPUs, replicas, MU/min), sold, guaranteed, used, headroom, reclaimed replicas."""
+        deps = []
+        for member, d in zip(self.plan.members, self.inputs, strict=True):
+            capacity = d.held * member.capacity_mu_per_min
+            used = self.used_mu_per_min.get(d.name, 0.0)
+            deps.append(
+                {
+                    "deployment": d.name,
+                    "gpus_per_replica": d.gpus_per_replica,
+                    "gpus": (d.held + d.draining) * d.gpus_per_replica,
+                    "replicas": d.held,
+                    "draining_replicas": d.draining,
+                    "demand_replicas": d.demand,
+                    "floor_replicas": d.floor,
+                    "allocated_replicas": self.allocation.replicas[d.name],
+                    "capacity_mu_per_min_per_replica": member.capacity_mu_per_min,
+                    "capacity_mu_per_min": capacity,
+                    "sold_mu_per_min": self.sold_mu_per_min.get(d.name, 0.0),
+                    "guaranteed_mu_per_min": self.guaranteed(member, d),
+                    "used_mu_per_min": used,
+                    "headroom_mu_per_min": capacity - used,
+                    "reclaimed_replicas": self.reclaimed.get(d.name, 0),
+                    "tenants": [
+                        {"tenant": t, "used_mu_per_min": mu}
+                        for t, mu in sorted((tenants or {}).get(d.name, {}).items())
+                    ],
+                }
+            )
+
+        def total(key: str) -> float:
+            return math.fsum(float(str(dep[key])) for dep in deps)
+
+        return {
+            "pool": self.plan.name,
+            "gpus": self.plan.gpus,
+            "gpus_used": sum((d.held + d.draining) * d.gpus_per_replica for d in self.inputs),
+            "floor_gpus": sum(d.floor * d.gpus_per_replica for d in self.inputs),
+            "floors_fit": self.allocation.floors_fit,
+            "floor_shortfall_gpus": self.allocation.floor_shortfall_gpus,
+            "capacity_mu_per_min": total("capacity_mu_per_min"),
+            "sold_mu_per_min": total("sold_mu_per_min"),
+            "guaranteed_mu_per_min": total("guaranteed_mu_per_min"),
+            "used_mu_per_min": total("used_mu_per_min"),
+            "headroom_mu_per_min": total("headroom_mu_per_min"),
+            "reclaimed_replicas": sum(self.reclaimed.values()),
+            "deployments": deps,
+        }
 
 
 class PoolLoop:
@@ -169,14 +265,18 @@ class PoolLoop:
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         leading: Callable[[], bool] | None = None,
+        used: UsedFn | None = None,
+        metrics: PoolMetrics | None = None,
     ) -> None:
         """``leading``: with several gateways, whether this one leads the pool (it then allocates; the
-        others only route)."""
+        others only route). ``used``: MU/min settled per deployment (the capacity ledger's); ``metrics``:
+        the gauges shared by every pool of one registry."""
         self.plan = plan
         self.leading = leading
         self.members = [_Member(m, providers[m.model], desired.get(m.model, _none)) for m in plan.members]
         self.sold = sold
-        self.metrics = PoolMetrics(registry if registry is not None else CollectorRegistry())
+        self.used = used or _nothing_used
+        self.metrics = metrics or PoolMetrics(registry if registry is not None else CollectorRegistry())
         self.interval_s = interval_s
         self.clock = clock
         self.state: AllocatorState | None = None
@@ -274,14 +374,23 @@ class PoolLoop:
                 ", reclaimed" if target < d.held and d.wants > target else "",
             )
             member.task = asyncio.create_task(self._scale(member, target))
-        self.last = PoolView(
-            pool=plan.name,
-            gpus=plan.gpus,
+        self.last = view = PoolView(
+            plan=plan,
             inputs=tuple(inputs),
             allocation=allocation,
             reclaimed={m.plan.model: m.reclaimed for m in self.members},
             sold_mu_per_min={m.plan.model: self.sold(m.plan.model) for m in self.members},
+            used_mu_per_min={m.plan.model: self.used(m.plan.model) for m in self.members},
         )
+        m_.floor_gpus.labels(plan.name).set(sum(d.floor * d.gpus_per_replica for d in inputs))
+        for member, d in zip(self.members, inputs, strict=True):
+            capacity = d.held * member.plan.capacity_mu_per_min
+            used = view.used_mu_per_min[d.name]
+            m_.capacity.labels(plan.name, d.name).set(capacity)
+            m_.sold.labels(plan.name, d.name).set(view.sold_mu_per_min[d.name])
+            m_.guaranteed.labels(plan.name, d.name).set(view.guaranteed(member.plan, d))
+            m_.used.labels(plan.name, d.name).set(used)
+            m_.headroom.labels(plan.name, d.name).set(capacity - used)
         return allocation
 
     @staticmethod
@@ -307,6 +416,10 @@ def _none() -> int | None:
     return None
 
 
+def _nothing_used(model: str) -> float:
+    return 0.0
+
+
 def _demand(desired: int | None, configured: int | None, held: int) -> int:
     if desired is not None:
         return max(0, desired)
@@ -323,9 +436,13 @@ def pool_loops(
     interval_s: float,
     clock: Callable[[], float],
     leading: Mapping[str, Callable[[], bool]] | None = None,
+    used: UsedFn | None = None,
 ) -> dict[str, PoolLoop]:
     """One loop per pool whose deployments all have a provider the gateway manages (``leading[pool]``:
-    whether this gateway leads it, with several gateways)."""
+    whether this gateway leads it, with several gateways; ``used``: MU/min settled per deployment)."""
+    if not plans:
+        return {}
+    shared = PoolMetrics(registry)  # one set of gauges for every pool (a registry takes each name once)
     return {
         plan.name: PoolLoop(
             plan,
@@ -336,6 +453,8 @@ def pool_loops(
             interval_s=interval_s,
             clock=clock,
             leading=(leading or {}).get(plan.name),
+            used=used,
+            metrics=shared,
         )
         for plan in plans
         if plan.members and all(m.model in providers for m in plan.members)

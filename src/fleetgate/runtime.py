@@ -302,6 +302,7 @@ def build_gateway(
         interval_s=autoscale_interval_s,
         clock=clock,
         leading={name: leader.is_leader for name, leader in pool_leaders.items()},
+        used=functools.partial(_used, gate),
     )
     ops = Ops(cfg.ops, fleet=fleet, admission=gate, clock=clock, autoscalers=loops)
     proxy = Proxy(
@@ -335,7 +336,7 @@ def build_gateway(
         from fleetgate.admission.service import AdmissionService
 
         if isinstance(gate, AdmissionService):
-            add_admin_routes(app, gate)  # /admin/tenants, /admin/usage, /admin/capacity
+            add_admin_routes(app, gate, pools=pool_loops_)  # /admin/tenants, /admin/usage, /admin/capacity
             reservations = gate.reservations
     ops.install(app, metrics.registry)  # SLO gauges, /admin/status, /ui, request ids in log lines
     server = GatewayServer(
@@ -379,6 +380,14 @@ def build_gateway(
 
 def _desired(loop: AutoscalerLoop) -> int | None:
     return loop.desired
+
+
+def _used(admission: Admission, model: str) -> float:
+    """MU/min this gateway settled on ``model`` over the capacity ledger's window (0 when not tracked)."""
+    for row in admission.capacity_overview() or ():
+        if row.get("deployment") == model:
+            return float(row.get("used_mu_per_min") or 0.0)
+    return 0.0
 
 
 def _sold(admission: Admission, model: str) -> float:

@@ -11,6 +11,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from fleetgate.autoscaler.loop import AutoscalerMetrics
+from fleetgate.capacity_loop import PoolMetrics
 from fleetgate.config import parse_config
 from fleetgate.health.monitor import HealthMetrics
 from fleetgate.runtime import build_gateway
@@ -34,6 +35,7 @@ def exported_names() -> set[str]:
     server = build_gateway(cfg)
     registry: CollectorRegistry = server.proxy.metrics.registry
     AutoscalerMetrics(registry)
+    PoolMetrics(registry)
     HealthMetrics(registry)
     names: set[str] = set()
     for family in registry.collect():

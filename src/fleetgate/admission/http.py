@@ -12,16 +12,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import orjson
 from aiohttp import web
 
 from fleetgate.admission.reservations import ReservationBook
 from fleetgate.admission.service import AdmissionService
 from fleetgate.admission.tenants import Tenant
+from fleetgate.capacity_loop import PoolLoop
 from fleetgate.core.errors import FleetgateError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from fleetgate.gateway.errors import error_response
 
 SERVICE_KEY: web.AppKey[AdmissionService] = web.AppKey("fleetgate_admission", AdmissionService)
+#: the GPU pool loops by pool name (``capacity_loop``), for the pools section of ``/admin/capacity``
+POOLS_KEY: web.AppKey[Mapping[str, PoolLoop]] = web.AppKey("fleetgate_pools")
 
 
 def _json(data: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -85,9 +90,42 @@ async def capacity(request: web.Request) -> web.Response:
     try:
         service, caller = _caller(request)
         _admin_only(caller)
-        return _json({"deployments": service.capacity_overview(), "queue_depth": service.queue_depth})
+        return _json(
+            {
+                "deployments": service.capacity_overview(),
+                "pools": _pools(service, request.app.get(POOLS_KEY, {})),
+                "queue_depth": service.queue_depth,
+            }
+        )
     except FleetgateError as exc:
         return _error(exc)
+
+
+def _pools(service: AdmissionService, pools: Mapping[str, PoolLoop]) -> list[dict[str, object]]:
+    """Each pool's ledger from its last decision: capacity, sold, guaranteed, used, headroom, reclaimed,
+    per deployment and tenant (``decided: false`` before the first one, or on a gateway that does not lead
+    the pool)."""
+    now = service.clock()
+    out: list[dict[str, object]] = []
+    for name, loop in sorted(pools.items()):
+        view = loop.last
+        if view is None:
+            out.append({"pool": name, "gpus": loop.plan.gpus, "decided": False})
+            continue
+        used = {m.model: service.ledger(m.model).used_by_tenant(now) for m in view.plan.members}
+        reserved = {t.name: t.limits.reserved_mu_per_min for t in service.directory.tenants().values()}
+        report = view.report(used)
+        for dep in report["deployments"]:  # type: ignore[attr-defined]
+            model = dep["deployment"]
+            rows = {row["tenant"]: row for row in dep["tenants"]}
+            for tenant, mus in reserved.items():
+                if model in mus:
+                    rows.setdefault(tenant, {"tenant": tenant, "used_mu_per_min": 0.0})
+            for tenant, row in rows.items():
+                row["reserved_mu_per_min"] = reserved.get(tenant, {}).get(model, 0.0)
+            dep["tenants"] = [rows[t] for t in sorted(rows)]
+        out.append({**report, "decided": True})
+    return out
 
 
 def _book(service: AdmissionService) -> ReservationBook:
@@ -134,9 +172,17 @@ async def delete_reservations(request: web.Request) -> web.Response:
         return _error(exc)
 
 
-def add_admin_routes(app: web.Application, service: AdmissionService, *, with_capacity: bool = True) -> None:
-    """Mount the admin routes on ``app`` (set ``with_capacity=False`` if the app serves its own)."""
+def add_admin_routes(
+    app: web.Application,
+    service: AdmissionService,
+    *,
+    with_capacity: bool = True,
+    pools: Mapping[str, PoolLoop] | None = None,
+) -> None:
+    """Mount the admin routes on ``app`` (set ``with_capacity=False`` if the app serves its own;
+    ``pools``: the GPU pool loops ``/admin/capacity`` reports)."""
     app[SERVICE_KEY] = service
+    app[POOLS_KEY] = pools or {}
     app.router.add_get("/admin/tenants", tenants)
     app.router.add_get("/admin/usage", usage)
     app.router.add_get("/admin/usage/{tenant}", tenant_usage)
