@@ -32,7 +32,7 @@ import pytest
 
 PY = sys.executable
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-PREFIX = "fgn"  # namespaces fgn<pid>-<name>, veth devices fgn<pid-hex><n>[ab]
+PREFIX = "fgn"  # namespaces fgn<pid>-<name>, veth devices fgn<pid-hex>x<n>[ab] (at most 15 characters)
 READY = re.compile(r"ready on (https?://\S+)")
 
 
@@ -142,7 +142,7 @@ class Net:
 
     def link(self, a: Host, b: Host) -> Link:
         n = len(self.links)
-        a_dev, b_dev = f"{PREFIX}{self.pid:x}{n}a", f"{PREFIX}{self.pid:x}{n}b"
+        a_dev, b_dev = f"{PREFIX}{self.pid:x}x{n}a", f"{PREFIX}{self.pid:x}x{n}b"
         sub = next(self._subnets)
         a_ip, b_ip = (str(x) for x in list(sub.hosts())[:2])
         _ip("link", "add", a_dev, "type", "veth", "peer", "name", b_dev)
