@@ -149,6 +149,8 @@ async def test_bad_requests_and_auth(gateways: Gateways, kind: str) -> None:
             assert (status, body["error"]["code"]) == (400, "invalid_reservations"), bad
         async with s.put(base, data=b"{not json", headers=ADMIN) as r:
             assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_json"
+        async with s.put(base, data=b'{"chat-a": 1' + b"0" * 400 + b"}", headers=ADMIN) as r:
+            assert r.status == 400  # an integer no float holds: invalid, never a 500
 
 
 @pytest.mark.skipif(not REDIS_URL, reason="no test Redis")

@@ -137,13 +137,17 @@ class ReservationBook:
                 raise InvalidRequestError(
                     f"No deployment serves {model!r}.", param=str(model), code="model_not_found"
                 )
-            if isinstance(mu, bool) or not isinstance(mu, int | float) or not math.isfinite(mu) or mu < 0:
+            try:
+                value = float(mu) if isinstance(mu, int | float) and not isinstance(mu, bool) else math.nan
+            except OverflowError:  # an integer too large for a float
+                value = math.nan
+            if not math.isfinite(value) or value < 0:
                 raise InvalidRequestError(
                     f"The reservation on {model!r} must be a number of MU per minute >= 0.",
                     param=model,
                     code="invalid_reservations",
                 )
-            out[model] = float(mu)
+            out[model] = value
         return out
 
     def _check(self, name: str, new: Mapping[str, float]) -> None:

@@ -198,6 +198,26 @@ def build_openapi(
         paths["/admin/usage"] = {"get": _admin_op("Usage (admin: all tenants; tenant: its own)")}
         paths["/admin/usage/{tenant}"] = {"get": _admin_op("One tenant's usage", path_param=True)}
         paths["/admin/capacity"] = {"get": _admin_op("Capacity, sold and unsold MU/min (admin key)")}
+        reservations = {
+            "get": _admin_op("A tenant's reservations (admin key)", path_param=True),
+            "put": {
+                **_admin_op("Set a tenant's reservations, MU/min per model (admin key)", path_param=True),
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "additionalProperties": {"type": "number", "minimum": 0},
+                            }
+                        }
+                    },
+                },
+            },
+            "delete": _admin_op("Drop all of a tenant's reservations (admin key)", path_param=True),
+        }
+        reservations["put"]["responses"] |= _errors(400, 409, 503)
+        paths["/admin/tenants/{tenant}/reservations"] = reservations
     return {
         "openapi": "3.0.3",
         "info": {"title": title, "version": version},
