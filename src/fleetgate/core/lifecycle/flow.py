@@ -126,12 +126,7 @@ class Lifecycle(Generic[T]):
     def hold(self, item: T, request: RequestInfo, now: float) -> bool:
         """Park ``item`` in the gate when the fleet is saturated (True), else the request routes now."""
         gate = self._gate
-        if gate is None:
-            return False
-        # While others are held the gate's answer does not depend on the backlog (no overtaking them;
-        # never when full), so it is computed only for an empty gate (snapshots and a pass over them).
-        backlog = self.policy.backlog_s(self.snapshots(), now) if len(gate) == 0 else 0.0
-        if not gate.should_hold(backlog):
+        if gate is None or not gate.should_hold(self.policy.backlog_s(self.snapshots(), now)):
             return False
         gate.push(item, self.policy.gate_prefill_s(request), now)
         return True
