@@ -693,9 +693,11 @@ def _entry_violations(e: Entry, access_logs: dict[str, str]) -> tuple[list[str],
     if e.outcome in ("lost", "hung", "pending"):
         return [f"{e.nonce}: {e.outcome}: {e.error}"], 0, int("truncation" in e.error)
     for url in e.reset_on:
-        if f'"request_id":"{e.nonce}"' in access_logs.get(url, ""):
+        log = access_logs.get(url, "")
+        if f'"request_id":"{e.nonce}"' in log:
             mixed += 1
-            found.append(f"{e.nonce}: the attempt broken on {url} ran there too (duplicate)")
+            lines = [line for line in log.splitlines() if f'"request_id":"{e.nonce}"' in line]
+            found.append(f"{e.nonce}: the attempt broken on {url} ran there too (duplicate): {lines}")
     if e.echoed_id is not None and e.echoed_id != e.nonce:
         mixed += 1
         found.append(f"{e.nonce}: answered with x-request-id {e.echoed_id}")
