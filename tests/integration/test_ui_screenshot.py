@@ -98,6 +98,7 @@ def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
     )
     stop = threading.Event()
     counts: dict[str, int] = {}
+    loader: threading.Thread | None = None
     try:
         url = up.wait_ready(60)
         replicas = re.findall(r"^replica (\S+) http", up.output, re.M)
@@ -149,5 +150,7 @@ def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
             shutil.copyfile(shot, keep)
     finally:
         stop.set()
+        if loader is not None:  # let its request in flight finish: killing the gateway under it raised in it
+            loader.join(timeout=35)
         up.kill()
     assert sum(v for k, v in counts.items() if k.endswith(":200")) > 5, counts
