@@ -13,7 +13,6 @@ import asyncio
 import re
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 import yaml
 
 from fleetgate.profiles import load_profile
+from step_load import Load
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,48 +55,6 @@ def _sample(text: str, name: str, **labels: str) -> float | None:
         if match and ",".join(sorted(match.group(1).split(","))) == want:
             return float(match.group(2))
     return None
-
-
-class Load:
-    """Requests through the gateway at a fixed rate; every one must come back complete."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.sent = 0
-        self.ok = 0
-        self.failed: list[str] = []
-
-    async def one(self, session: aiohttp.ClientSession) -> None:
-        self.sent += 1
-        try:
-            async with session.post(self.url + "/v1/completions", json=BODY) as r:
-                data = await r.json(content_type=None)
-                if r.status == 200 and data.get("choices"):
-                    self.ok += 1
-                else:
-                    self.failed.append(f"HTTP {r.status}: {str(data)[:200]}")
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            self.failed.append(repr(exc))
-
-    async def drive(
-        self,
-        session: aiohttp.ClientSession,
-        rps: float,
-        seconds: float,
-        until: Callable[[], bool] | None = None,
-        then_s: float = 0.0,
-    ) -> None:
-        """Send at ``rps`` for ``seconds``; with ``until``, stop ``then_s`` after it first holds (the phase
-        has shown what it is for) if that comes earlier. Every request sent is awaited."""
-        tasks = []
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            if until is not None and until():
-                end = min(end, time.monotonic() + then_s)
-                until = None
-            tasks.append(asyncio.create_task(self.one(session)))
-            await asyncio.sleep(1.0 / rps)
-        await asyncio.gather(*tasks)
 
 
 async def test_serve_local_provider_steps_up_then_down_losing_nothing(tools: Any, tmp_path: Path) -> None:
@@ -140,7 +98,7 @@ async def test_serve_local_provider_steps_up_then_down_losing_nothing(tools: Any
     try:
         url = gw.wait_ready(60)
         assert len(tools.children_of(gw.pid)) == 1
-        load = Load(url)
+        load = Load(url, BODY)
         full_rps = 2.0 * MAX_REPLICAS
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             watcher = asyncio.create_task(watch(session))
@@ -197,7 +155,7 @@ async def test_serve_local_provider_restarts_a_hung_replica(tools: Any, tmp_path
         assert sorted(replicas) == ["sim-0", "sim-1"]
         victim, other = "sim-0", "sim-1"
         before = set(tools.children_of(gw.pid))
-        load = Load(url)
+        load = Load(url, BODY)
 
         async def metrics(session: aiohttp.ClientSession) -> str:
             async with session.get(url + "/metrics") as r:

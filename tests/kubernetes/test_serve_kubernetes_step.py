@@ -26,6 +26,7 @@ from k8s_apiserver import DELETION_COST, ApiServer, FakeCluster
 
 from fleetgate.profiles import load_profile
 from integration_tools import integration_tools
+from step_load import Load
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -85,47 +86,6 @@ def _start_serve(server: ApiServer, tmp_path: Path, autoscaler: dict[str, Any]) 
     )
 
 
-class Load:
-    """Requests through the gateway at a fixed rate; every one must come back complete."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.sent = 0
-        self.ok = 0
-        self.failed: list[str] = []
-
-    async def one(self, session: aiohttp.ClientSession) -> None:
-        self.sent += 1
-        try:
-            async with session.post(self.url + "/v1/completions", json=BODY) as r:
-                data = await r.json(content_type=None)
-                if r.status == 200 and data.get("choices"):
-                    self.ok += 1
-                else:
-                    self.failed.append(f"HTTP {r.status}: {str(data)[:200]}")
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            self.failed.append(repr(exc))
-
-    async def drive(
-        self,
-        session: aiohttp.ClientSession,
-        rps: float,
-        seconds: float,
-        until: Callable[[], bool] | None = None,
-        then_s: float = 0.0,
-    ) -> None:
-        """Send at ``rps`` for ``seconds``, or until ``then_s`` after ``until`` first holds."""
-        tasks = []
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            if until is not None and until():
-                end = min(end, time.monotonic() + then_s)
-                until = None
-            tasks.append(asyncio.create_task(self.one(session)))
-            await asyncio.sleep(1.0 / rps)
-        await asyncio.gather(*tasks)
-
-
 def _scale_history(c: FakeCluster) -> list[tuple[int, int]]:
     """(resourceVersion, spec.replicas) of every Deployment write, in order."""
     return [(rv, int(o["spec"]["replicas"])) for rv, res, _ns, _t, o in c.history if res == "deployments"]
@@ -182,7 +142,7 @@ async def test_serve_kubernetes_steps_up_then_down_losing_nothing(
     gw = _start_serve(server, tmp_path, params)
     try:
         url = await asyncio.to_thread(gw.wait_ready, 60.0)
-        load = Load(url)
+        load = Load(url, BODY)
         full_rps = 2.0 * MAX_REPLICAS
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
 
