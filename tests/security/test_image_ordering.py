@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import time
 from typing import Any
 
 import httpx
@@ -53,4 +54,10 @@ def test_refused_tenant_never_makes_the_workers_decode(engine: Any, start_gatewa
     assert statuses.count(429) >= 5, statuses
     admitted = statuses.count(200)
     assert _processed(gw.url) - before == admitted, "images of refused requests were decoded"
-    assert _chat(gw.url, "gold", image).status_code == 200
+    # gold is still served. Its image request costs more MU than its reservation refills while the free
+    # flood is refused (burst_s 0, deadline 0.5 s), so it may be told to come back: once, as Retry-After says
+    last = _chat(gw.url, "gold", image)
+    if last.status_code == 429:
+        time.sleep(float(last.headers.get("retry-after", "1")))
+        last = _chat(gw.url, "gold", image)
+    assert last.status_code == 200, last.text
