@@ -67,15 +67,11 @@ class ConflictError(FleetgateError):
         self.details: dict[str, object] = dict(details or {})
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": self.code,
-                **self.details,
-            }
-        }
+        body = super().to_dict()
+        error = body["error"]
+        assert isinstance(error, dict)
+        error.update(self.details)
+        return body
 
 
 class RequestTimeoutError(InvalidRequestError):
