@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import math
 import time
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from fleetgate.autoscaler.loop import CountsFn
 from fleetgate.core.capacity import (
     Allocation,
     AllocationContext,
@@ -32,7 +34,7 @@ from fleetgate.core.capacity import (
     decide,
     floor_replicas,
 )
-from fleetgate.providers.base import ReplicaProvider, ReplicaStatus
+from fleetgate.providers.base import ReplicaCounts, ReplicaProvider, ReplicaStatus
 
 log = logging.getLogger("fleetgate.capacity")
 
@@ -56,6 +58,9 @@ class PoolMemberPlan:
     #: (``None``: those it holds, e.g. a Kubernetes Deployment's own count)
     replicas: int | None
     weight: float = 1.0
+    #: most replicas it may run with idle GPUs lent as warm headroom (its autoscaler's ``max_replicas``;
+    #: ``None``: it is lent nothing, e.g. a fixed count)
+    max_replicas: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,40 @@ class PoolPlan:
     @staticmethod
     def floor(member: PoolMemberPlan, sold_mu_per_min: float) -> int:
         return floor_replicas(sold_mu_per_min, member.capacity_mu_per_min, member.target_utilisation)
+
+
+class LentReplicas:
+    """Per deployment, the lent replicas of the pool's last decision, for its autoscaler to leave out.
+
+    A lent replica backs no demand: the autoscaler of a pooled deployment must size it from the replicas
+    that do (as the simulator does), else it would read the warm headroom as its own and keep it. The
+    provider's live count is narrowed by what the last decision said: ``held - backed`` of the replicas it
+    holds now, at most the lent count (those still starting count once they hold a GPU).
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, int]] = {}  # model -> (backed, lent)
+
+    def record(self, model: str, backed: int, lent: int) -> None:
+        self._last[model] = (backed, lent)
+
+    def of(self, model: str, held: int) -> int:
+        """Of the ``held`` replicas of ``model`` now, how many are lent."""
+        backed, lent = self._last.get(model, (held, 0))
+        return max(0, min(lent, held - backed))
+
+    def counts(self, model: str, counts: CountsFn) -> CountsFn:
+        """``counts`` with the lent replicas taken out of current and ready."""
+
+        async def narrowed() -> ReplicaCounts:
+            got = counts()
+            c = await got if inspect.isawaitable(got) else got
+            lent = self.of(model, c.current)
+            current = c.current - lent
+            ready = min(c.ready, current)
+            return ReplicaCounts(current=current, ready=ready, starting=max(0, current - ready))
+
+        return narrowed
 
 
 class PoolMetrics:
@@ -119,6 +158,12 @@ class PoolMetrics:
         self.held = Gauge(
             "fleetgate_pool_held_replicas",
             "Replicas the deployment runs or is starting (not draining).",
+            ["pool", "deployment"],
+            registry=registry,
+        )
+        self.lent = Gauge(
+            "fleetgate_pool_lent_replicas",
+            "Replicas of the deployment running on idle GPUs lent as warm headroom (the first taken back).",
             ["pool", "deployment"],
             registry=registry,
         )
@@ -217,6 +262,7 @@ class PoolView:
                     "demand_replicas": d.demand,
                     "floor_replicas": d.floor,
                     "allocated_replicas": self.allocation.replicas[d.name],
+                    "lent_replicas": self.allocation.lent.get(d.name, 0),
                     "capacity_mu_per_min_per_replica": member.capacity_mu_per_min,
                     "capacity_mu_per_min": capacity,
                     "sold_mu_per_min": self.sold_mu_per_min.get(d.name, 0.0),
@@ -247,6 +293,7 @@ class PoolView:
             "used_mu_per_min": total("used_mu_per_min"),
             "headroom_mu_per_min": total("headroom_mu_per_min"),
             "reclaimed_replicas": sum(self.reclaimed.values()),
+            "lent_replicas": sum(self.allocation.lent.values()),
             "deployments": deps,
         }
 
@@ -267,16 +314,19 @@ class PoolLoop:
         leading: Callable[[], bool] | None = None,
         used: UsedFn | None = None,
         metrics: PoolMetrics | None = None,
+        lent: LentReplicas | None = None,
     ) -> None:
         """``leading``: with several gateways, whether this one leads the pool (it then allocates; the
         others only route). ``used``: MU/min settled per deployment (the capacity ledger's); ``metrics``:
-        the gauges shared by every pool of one registry."""
+        the gauges shared by every pool of one registry; ``lent``: where each decision's lent replicas go
+        (for the members' autoscalers)."""
         self.plan = plan
         self.leading = leading
         self.members = [_Member(m, providers[m.model], desired.get(m.model, _none)) for m in plan.members]
         self.sold = sold
         self.used = used or _nothing_used
         self.metrics = metrics or PoolMetrics(registry if registry is not None else CollectorRegistry())
+        self.lent = lent or LentReplicas()
         self.interval_s = interval_s
         self.clock = clock
         self.state: AllocatorState | None = None
@@ -333,6 +383,7 @@ class PoolLoop:
                     weight=m.plan.weight,
                     held=held,
                     draining=draining,
+                    max_replicas=m.plan.max_replicas,
                 )
             )
         return out
@@ -353,6 +404,8 @@ class PoolLoop:
             m_.floor.labels(plan.name, name).set(d.floor)
             m_.demand.labels(plan.name, name).set(d.demand)
             m_.held.labels(plan.name, name).set(d.held)
+            m_.lent.labels(plan.name, name).set(allocation.lent.get(name, 0))
+            self.lent.record(name, allocation.backed(name), allocation.lent.get(name, 0))
             if member.applying:
                 continue
             target = self._target(d, allocation)
@@ -437,6 +490,7 @@ def pool_loops(
     clock: Callable[[], float],
     leading: Mapping[str, Callable[[], bool]] | None = None,
     used: UsedFn | None = None,
+    lent: LentReplicas | None = None,
 ) -> dict[str, PoolLoop]:
     """One loop per pool whose deployments all have a provider the gateway manages (``leading[pool]``:
     whether this gateway leads it, with several gateways; ``used``: MU/min settled per deployment)."""
@@ -455,6 +509,7 @@ def pool_loops(
             leading=(leading or {}).get(plan.name),
             used=used,
             metrics=shared,
+            lent=lent,
         )
         for plan in plans
         if plan.members and all(m.model in providers for m in plan.members)

@@ -567,6 +567,12 @@ class PoolConfig(_Strict):
         description="Under `fleetgate serve`: a deployment below its fair share of the pool this long "
         "reclaims replicas (drained first) from those above theirs; floors never wait.",
     )
+    lend_idle_gpus: bool = Field(
+        default=True,
+        description="Under `fleetgate serve`: GPUs left idle after floors and demand run warm headroom "
+        "replicas of the deployments with an autoscaler (up to its `max_replicas`), drained first when a "
+        "demand or a floor needs the GPUs.",
+    )
 
 
 class FleetgateConfig(_Strict):

@@ -23,7 +23,13 @@ from fleetgate.config_control import (
     LocalProviderConfig,
     election_kind,
 )
-from fleetgate.core.autoscale import DemandMeter, ReportingAutoscaler, autoscaler_from
+from fleetgate.core.autoscale import (
+    AutoscalePolicy,
+    DemandMeter,
+    KpaAutoscaler,
+    ReportingAutoscaler,
+    autoscaler_from,
+)
 from fleetgate.core.capacity import AllocatorParams
 from fleetgate.core.leader import ElectionTiming, LeaderElection
 from fleetgate.engines.dialects import dialect
@@ -191,6 +197,7 @@ def pool_plans(cfg: FleetgateConfig) -> list[PoolPlan]:
                     capacity_mu_per_min=replica_capacity_mu_per_min(dep),
                     target_utilisation=reservation_target_utilisation(cfg, dep),
                     replicas=None if local is None else local.replicas,
+                    max_replicas=_lend_cap(dep),
                 )
             )
         if members:
@@ -199,10 +206,20 @@ def pool_plans(cfg: FleetgateConfig) -> list[PoolPlan]:
                     name=pool.name,
                     gpus=max(0, pool.gpus - static_gpus),
                     members=tuple(members),
-                    params=AllocatorParams(reclaim_after_s=pool.reclaim_after_s),
+                    params=AllocatorParams(
+                        reclaim_after_s=pool.reclaim_after_s, lend_idle_gpus=pool.lend_idle_gpus
+                    ),
                 )
             )
     return plans
+
+
+def _lend_cap(dep: DeploymentConfig) -> int | None:
+    """The most replicas a pooled deployment may run on lent idle GPUs: its autoscaler's ``max_replicas``
+    (``None``, lent nothing: no autoscaler or a fixed count)."""
+    if isinstance(dep.autoscaler, AutoscalePolicy | KpaAutoscaler):
+        return int(dep.autoscaler.max_replicas)
+    return None
 
 
 def _demand_share_factory(cfg: FleetgateConfig, model: str) -> DemandShareFactory:

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from fleetgate.autoscaler import AutoscalerLoop, AutoscalerMetrics, provider_counts
 from fleetgate.autoscaler.loop import DemandSource
-from fleetgate.capacity_loop import PoolLoop, PoolPlan, pool_loops
+from fleetgate.capacity_loop import LentReplicas, PoolLoop, PoolPlan, pool_loops
 from fleetgate.config import ConfigError, FleetgateConfig
 from fleetgate.control import (
     SIM_COST_PROFILE,
@@ -279,6 +279,7 @@ def build_gateway(
         if plan.name in pool_leaders:
             loop_leaders.update({m.model: pool_leaders[plan.name] for m in plan.members})
     scale_metrics = AutoscalerMetrics(metrics.registry) if autoscalers else None  # one set for all loops
+    lent = LentReplicas()  # a pooled deployment's autoscaler leaves out the replicas lent to it
     loops = {
         model: _autoscaler_loop(
             fleet.get(model),
@@ -290,6 +291,7 @@ def build_gateway(
             apply=model not in pooled,
             leader=loop_leaders.get(model),
             demand=shares.get(model),
+            lent=lent if model in pooled else None,
         )
         for model, autoscaler in (autoscalers or {}).items()
     }
@@ -303,6 +305,7 @@ def build_gateway(
         clock=clock,
         leading={name: leader.is_leader for name, leader in pool_leaders.items()},
         used=functools.partial(_used, gate),
+        lent=lent,
     )
     ops = Ops(cfg.ops, fleet=fleet, admission=gate, clock=clock, autoscalers=loops)
     proxy = Proxy(
@@ -480,21 +483,23 @@ def _autoscaler_loop(
     apply: bool = True,
     leader: LeaderElector | None = None,
     demand: DemandSource | None = None,
+    lent: LentReplicas | None = None,
 ) -> AutoscalerLoop:
     """Autoscale ``deployment`` through ``provider`` (``fleetgate.autoscaler.AutoscalerLoop``); the
     deployment's lifecycle feeds its ``DemandMeter`` (MU started / settled); ``demand``: read instead (every
-    gateway's, ``SharedDemand``)."""
+    gateway's, ``SharedDemand``); ``lent``: a pooled deployment's counts leave out the replicas lent to it."""
     meter = demand if demand is not None else _demand_meter(deployment)
 
     def routable(name: str) -> bool:
         replica = deployment.replicas.get(name)
         return replica is not None and replica.snapshot().routable
 
+    counts = provider_counts(provider, routable)
     return AutoscalerLoop(
         deployment=deployment.model,
         autoscaler=autoscaler,
         meter=meter,
-        counts=provider_counts(provider, routable),
+        counts=counts if lent is None else lent.counts(deployment.model, counts),
         target=provider,
         capacity_mu_per_min=deployment.profile.capacity_mu_per_min,
         metrics=metrics,

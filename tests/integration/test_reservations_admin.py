@@ -144,11 +144,15 @@ async def test_bad_requests_and_auth(gateways: Gateways, kind: str) -> None:
         assert (status, body["error"]["code"]) == (404, "tenant_not_found")
         status, body = await _call(s, "PUT", base, {"gpt-9": 1})
         assert (status, body["error"]["code"], body["error"]["param"]) == (400, "model_not_found", "gpt-9")
-        for bad in ({"chat-a": -1}, {"chat-a": "lots"}, {"chat-a": True}, [1], {}):
+        for bad in ({"chat-a": -1}, {"chat-a": "lots"}, {"chat-a": True}, {}):
             status, body = await _call(s, "PUT", base, bad)
             assert (status, body["error"]["code"]) == (400, "invalid_reservations"), bad
+        status, body = await _call(s, "PUT", base, [1])  # the gateway's one JSON body parser
+        assert status == 400 and "must be a JSON object" in body["error"]["message"]
         async with s.put(base, data=b"{not json", headers=ADMIN) as r:
-            assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_json"
+            error = (await r.json())["error"]
+            assert r.status == 400 and "not valid JSON" in error["message"]
+            assert error["type"] == "invalid_request_error"
         async with s.put(base, data=b'{"chat-a": 1' + b"0" * 400 + b"}", headers=ADMIN) as r:
             assert r.status == 400  # an integer no float holds: invalid, never a 500
 

@@ -12,7 +12,10 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
-from fleetgate.capacity_loop import PoolMemberPlan, PoolPlan, pool_loops
+from fleetgate.autoscaler.loop import provider_counts
+from fleetgate.capacity_loop import LentReplicas, PoolMemberPlan, PoolPlan, pool_loops
+from fleetgate.config import parse_config
+from fleetgate.control import pool_plans
 from fleetgate.core.capacity import AllocatorParams
 from fleetgate.providers.base import ReplicaInfo, ReplicaList, ReplicaStatus
 
@@ -148,3 +151,105 @@ async def test_a_reclaim_drains_first_and_hands_the_gpu_over_once_drained() -> N
     await _settle()
     assert b.calls[-1] == 3 and _gpus(a, b) == 4
     await loop.stop()
+
+
+async def test_idle_gpus_are_lent_up_to_max_replicas_and_taken_back_drained_first() -> None:
+    """A pool of 4 GPUs, two 1-GPU deployments wanting one replica each, with ``max_replicas`` (what
+    ``control.pool_plans`` takes from their autoscalers): the 2 idle GPUs run one lent replica each; their
+    autoscalers do not see the lent ones; when A's demand grows to 3, its lent replica becomes demand-backed
+    in place and B's lent one is drained (before A starts into its GPU), never a demand-backed one."""
+    member = {"gpus_per_replica": 1, "capacity_mu_per_min": 100.0, "target_utilisation": 0.7}
+    plan = PoolPlan(
+        name="gpus",
+        gpus=4,
+        members=(
+            PoolMemberPlan(model="a", replicas=1, max_replicas=4, **member),  # type: ignore[arg-type]
+            PoolMemberPlan(model="b", replicas=1, max_replicas=4, **member),  # type: ignore[arg-type]
+        ),
+        params=AllocatorParams(reclaim_after_s=30.0),
+    )
+    a, b = FakeProvider("a", 1), FakeProvider("b", 1)
+    desired = {"a": 1, "b": 1}
+    now = [0.0]
+    registry = CollectorRegistry()
+    lent = LentReplicas()
+    (loop,) = pool_loops(
+        [plan],
+        {"a": a, "b": b},
+        {m: (lambda m=m: desired[m]) for m in desired},
+        lambda m: 0.0,
+        registry=registry,
+        interval_s=1.0,
+        clock=lambda: now[0],
+        lent=lent,
+    ).values()
+
+    await loop.step()
+    await _settle()
+    assert (a.calls, b.calls) == ([2], [2]) and _gpus(a, b) == 4  # one lent replica each
+    assert registry.get_sample_value("fleetgate_pool_lent_replicas", {"pool": "gpus", "deployment": "a"}) == 1
+    assert loop.last is not None and loop.last.report()["lent_replicas"] == 2
+    # what the autoscalers read: the replicas that back their demand, not the warm headroom
+    counted = await lent.counts("a", provider_counts(a))()  # type: ignore[misc]
+    assert (counted.current, counted.ready) == (1, 1)
+    await loop.step()
+    await _settle()
+    assert (a.calls, b.calls) == ([2], [2])  # no flapping under constant inputs
+
+    desired["a"] = 3  # A's burst: its lent replica backs demand now, B's lent one is taken back at once
+    now[0] += 1.0
+    await loop.step()
+    await _settle()
+    assert b.calls == [2, 1]
+    assert [r.status for r in b.replicas].count(ReplicaStatus.DRAINING) == 1  # drained, not killed
+    assert a.calls == [2]  # nothing started into a GPU still draining
+    counted = await lent.counts("a", provider_counts(a))()  # type: ignore[misc]
+    assert counted.current == 2  # the formerly lent replica counts as A's own: no restart
+    now[0] += 1.0
+    await loop.step()
+    await _settle()
+    assert a.calls == [2] and _gpus(a, b) == 4
+    b.drained.set()
+    await _settle()
+    now[0] += 1.0
+    await loop.step()
+    await _settle()
+    assert a.calls == [2, 3] and len(b.replicas) == 1 and _gpus(a, b) == 4
+    assert registry.get_sample_value("fleetgate_pool_lent_replicas", {"pool": "gpus", "deployment": "b"}) == 0
+    await loop.stop()
+
+
+def test_pool_plans_lend_up_to_the_autoscaler_bounds() -> None:
+    """``serve``'s plans: a deployment with a scaling autoscaler may be lent up to its ``max_replicas``; a
+    fixed count (``static``) or none is lent nothing; ``lend_idle_gpus: false`` turns lending off."""
+    engine = {"kind": "local", "replicas": 1}
+    doc = {
+        "pools": [{"name": "gpus", "gpus": 4}],
+        "deployments": [
+            {
+                "model": "a",
+                "pool": "gpus",
+                "provider": engine,
+                "autoscaler": {"policy": "fleetgate", "max_replicas": 3},
+            },
+            {
+                "model": "b",
+                "pool": "gpus",
+                "provider": engine,
+                "autoscaler": {"policy": "kpa", "max_replicas": 2},
+            },
+            {
+                "model": "c",
+                "pool": "gpus",
+                "provider": engine,
+                "autoscaler": {"policy": "static", "replicas": 1},
+            },
+            {"model": "d", "pool": "gpus", "provider": engine},
+        ],
+    }
+    (plan,) = pool_plans(parse_config(doc))
+    assert [m.max_replicas for m in plan.members] == [3, 2, None, None]
+    assert plan.params.lend_idle_gpus
+    doc["pools"] = [{"name": "gpus", "gpus": 4, "lend_idle_gpus": False}]
+    (plan,) = pool_plans(parse_config(doc))
+    assert not plan.params.lend_idle_gpus

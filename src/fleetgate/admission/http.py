@@ -12,7 +12,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Awaitable, Callable, Mapping
 
 import orjson
 from aiohttp import web
@@ -21,8 +22,10 @@ from fleetgate.admission.reservations import ReservationBook
 from fleetgate.admission.service import AdmissionService
 from fleetgate.admission.tenants import Tenant
 from fleetgate.capacity_loop import PoolLoop
-from fleetgate.core.errors import FleetgateError, InvalidRequestError, NotFoundError, PermissionDeniedError
+from fleetgate.core.errors import FleetgateError, NotFoundError, PermissionDeniedError
+from fleetgate.core.openai import load_json_body
 from fleetgate.gateway.errors import error_response
+from fleetgate.orjson_codec import ORJSON
 
 SERVICE_KEY: web.AppKey[AdmissionService] = web.AppKey("fleetgate_admission", AdmissionService)
 #: the GPU pool loops by pool name (``capacity_loop``), for the pools section of ``/admin/capacity``
@@ -134,42 +137,41 @@ def _book(service: AdmissionService) -> ReservationBook:
     return service.reservations
 
 
-def _reserved(name: str, reserved: dict[str, float]) -> web.Response:
-    return _json({"tenant": name, "reserved_mu_per_min": reserved})
+#: A reservation handler: the request, the gateway's reservation book and the tenant named in the path;
+#: answers that tenant's reservations after the call.
+ReservationHandler = Callable[[web.Request, ReservationBook, str], Awaitable[Mapping[str, float]]]
 
 
-async def get_reservations(request: web.Request) -> web.Response:
-    try:
-        service, caller = _caller(request)
-        _admin_only(caller)
-        name = request.match_info["tenant"]
-        return _reserved(name, _book(service).current(name))
-    except FleetgateError as exc:
-        return _error(exc)
+def _reservation_route(handler: ReservationHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """Admin key only; ``{tenant, reserved_mu_per_min}`` on success, else the error's OpenAI-style body."""
 
-
-async def put_reservations(request: web.Request) -> web.Response:
-    try:
-        service, caller = _caller(request)
-        _admin_only(caller)
-        name = request.match_info["tenant"]
+    @functools.wraps(handler)
+    async def route(request: web.Request) -> web.Response:
         try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequestError(f"The body is not valid JSON: {exc}", code="invalid_json") from exc
-        return _reserved(name, await _book(service).put(name, body))
-    except FleetgateError as exc:
-        return _error(exc)
+            service, caller = _caller(request)
+            _admin_only(caller)
+            name = request.match_info["tenant"]
+            reserved = await handler(request, _book(service), name)
+            return _json({"tenant": name, "reserved_mu_per_min": dict(reserved)})
+        except FleetgateError as exc:
+            return _error(exc)
+
+    return route
 
 
-async def delete_reservations(request: web.Request) -> web.Response:
-    try:
-        service, caller = _caller(request)
-        _admin_only(caller)
-        name = request.match_info["tenant"]
-        return _reserved(name, await _book(service).delete(name, request.match_info.get("model")))
-    except FleetgateError as exc:
-        return _error(exc)
+@_reservation_route
+async def get_reservations(request: web.Request, book: ReservationBook, name: str) -> Mapping[str, float]:
+    return book.current(name)
+
+
+@_reservation_route
+async def put_reservations(request: web.Request, book: ReservationBook, name: str) -> Mapping[str, float]:
+    return await book.put(name, load_json_body(await request.read(), codec=ORJSON))
+
+
+@_reservation_route
+async def delete_reservations(request: web.Request, book: ReservationBook, name: str) -> Mapping[str, float]:
+    return await book.delete(name, request.match_info.get("model"))
 
 
 def add_admin_routes(
