@@ -185,3 +185,44 @@ async def test_every_replica_sees_a_change_and_a_restart_loses_none(gateways: Ga
             200,
             {"tenant": "gold", "reserved_mu_per_min": {"chat-a": 140.0}},
         )
+
+
+@pytest.mark.parametrize("kind", STORES)
+async def test_conflicting_changes_at_the_same_instant_never_oversell(gateways: Gateways, kind: str) -> None:
+    """Two admins raise two tenants' reservations at once, each through its own gateway replica (with the
+    memory store, one gateway: it is the whole fleet): gold's chat-a to 3 GPUs' worth, silver's chat-b to 2;
+    each change fits the pool alone (3 + 1 or 1 + 2 GPUs of 4) but not both (5). Round after round exactly one gets 200 and the other 409 pool_oversold, and what the
+    store holds afterwards fits the pool."""
+    doc = _config(_store(kind, f"t{uuid.uuid4().hex}"))
+    _, url_one = await gateways.start(doc)
+    url_two = (await gateways.start(doc))[1] if kind == "redis" else url_one
+    gold = "/admin/tenants/gold/reservations"
+    silver = "/admin/tenants/silver/reservations"
+    winners: dict[str, int] = {}
+    async with aiohttp.ClientSession() as s:
+        for round_ in range(20):
+            first, second = (url_one, url_two) if round_ % 2 else (url_two, url_one)
+            (sa, ba), (sb, bb) = await asyncio.gather(
+                _call(s, "PUT", f"{first}{gold}", {"chat-a": 210}),
+                _call(s, "PUT", f"{second}{silver}", {"chat-b": 140}),
+            )
+            assert sorted((sa, sb)) == [200, 409], (round_, ba, bb)
+            loser = bb if sa == 200 else ba
+            assert (
+                loser["error"]["code"] == "pool_oversold" and loser["error"]["shortfall"]["gpus_needed"] == 5
+            )
+            winner = "gold" if sa == 200 else "silver"
+            winners[winner] = winners.get(winner, 0) + 1
+            held = {
+                t: (await _call(s, "GET", f"{url_two}/admin/tenants/{t}/reservations"))[1][
+                    "reserved_mu_per_min"
+                ]
+                for t in ("gold", "silver")
+            }
+            assert held == {
+                "gold": {"chat-a": 210.0 if winner == "gold" else 70.0},
+                "silver": {"chat-b": 140.0 if winner == "silver" else 70.0},
+            }, round_
+            for path, model in ((gold, "chat-a"), (silver, "chat-b")):  # back to one replica each
+                assert (await _call(s, "PUT", f"{url_one}{path}", {model: 70}))[0] == 200
+    assert sum(winners.values()) == 20, winners

@@ -6,8 +6,10 @@ fit, else it is refused with the shortfall in GPUs and MU/min (409). An accepted
 store (Redis when configured: every gateway replica reads it and a restart loses none; the in-memory store
 otherwise) and into the tenant directory, which admission, the capacity ledger and the pool allocator read.
 Every gateway replica re-reads the store every ``refresh_s``, so a change made through one is enforced by
-all within that time. (Two replicas accepting conflicting changes in the same instant can together oversell
-a pool: each checks against the reservations it knows, read from the store just before.)
+all within that time. The check and the write are one atomic step in the store
+(``AdmissionStore.update_reservations``: Redis WATCH/MULTI over the reservations hash, retried when another
+writer got in between; a lock in the memory store): of two replicas accepting conflicting changes at the
+same instant, one writes and the other decides again on what it wrote, so no pool is oversold.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from fleetgate.core.errors import (
     ServiceUnavailableError,
 )
 from fleetgate.stores import AdmissionStore, StoreUnavailableError
+from fleetgate.stores.base import ReservationChange
 
 log = logging.getLogger("fleetgate.admission.reservations")
 
@@ -61,7 +64,10 @@ class ReservationBook:
 
     async def refresh(self) -> None:
         """Apply the run-time reservations in the store (tenants no longer configured are ignored)."""
-        for name, reserved in (await self.store.reservations()).items():
+        self._apply(await self.store.reservations())
+
+    def _apply(self, stored: Mapping[str, Mapping[str, float]]) -> None:
+        for name, reserved in stored.items():
             tenant = self.directory.get(name)
             if tenant is not None and dict(tenant.limits.reserved_mu_per_min) != reserved:
                 self.directory.set_reservations(name, reserved)
@@ -110,18 +116,25 @@ class ReservationBook:
         tenant's reservations after the change."""
         self.current(name)
         wanted = self._parse(changes)
-        await self._refresh_for_write()
-        new = {**self.current(name), **wanted}
-        new = {m: mu for m, mu in new.items() if mu > 0}
-        self._check(name, new)
-        return await self._write(name, new)
+
+        def change(stored: dict[str, dict[str, float]]) -> dict[str, float]:
+            self._apply(stored)  # check against what every gateway replica sold, as of this very read
+            new = {**self.current(name), **wanted}
+            new = {m: mu for m, mu in new.items() if mu > 0}
+            self._check(name, new)
+            return new
+
+        return await self._write(name, change)
 
     async def delete(self, name: str, model: str | None = None) -> dict[str, float]:
         """Drop the tenant's reservation on ``model`` (``None``: all of them); never oversells."""
         self.current(name)
-        await self._refresh_for_write()
-        new = {} if model is None else {m: mu for m, mu in self.current(name).items() if m != model}
-        return await self._write(name, new)
+
+        def change(stored: dict[str, dict[str, float]]) -> dict[str, float]:
+            self._apply(stored)
+            return {} if model is None else {m: mu for m, mu in self.current(name).items() if m != model}
+
+        return await self._write(name, change)
 
     # -- internals ---------------------------------------------------------------------------------------
 
@@ -168,17 +181,9 @@ class ReservationBook:
                     details={"shortfall": short.public()},
                 )
 
-    async def _refresh_for_write(self) -> None:
+    async def _write(self, name: str, change: ReservationChange) -> dict[str, float]:
         try:
-            await self.refresh()  # check against what the other gateway replicas sold, not a stale view
-        except StoreUnavailableError as exc:
-            raise ServiceUnavailableError(
-                f"The admission store is unreachable; reservations cannot change now ({exc})."
-            ) from exc
-
-    async def _write(self, name: str, new: dict[str, float]) -> dict[str, float]:
-        try:
-            await self.store.set_reservations(name, new)
+            new = await self.store.update_reservations(name, change)
         except StoreUnavailableError as exc:
             raise ServiceUnavailableError(
                 f"The admission store is unreachable; reservations cannot change now ({exc})."

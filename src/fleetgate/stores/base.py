@@ -6,7 +6,7 @@ Every store applies the pure bucket arithmetic of ``fleetgate.core.admission`` (
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from fleetgate.core.admission import BucketState, Charge, TakeOutcome
@@ -20,6 +20,10 @@ USAGE_FIELDS = (
     "completion_tokens",
 )
 """Per-tenant usage counters (totals since the store started)."""
+
+
+#: Every run-time reservation (tenant -> {model: MU/min}) -> one tenant's new reservations (may raise).
+ReservationChange = Callable[[dict[str, dict[str, float]]], Mapping[str, float]]
 
 
 class StoreUnavailableError(Exception):
@@ -91,6 +95,13 @@ class AdmissionStore(Protocol):
 
     async def set_reservations(self, tenant: str, reserved: Mapping[str, float]) -> None:
         """Replace ``tenant``'s run-time reservations (``{}``: it has none, whatever its config says)."""
+        ...
+
+    async def update_reservations(self, tenant: str, change: ReservationChange) -> dict[str, float]:
+        """Atomically: read every run-time reservation, ``change(them)`` -> ``tenant``'s new ones, write
+        those, unless another writer changed any reservation in between (then read and decide again). An
+        exception from ``change`` (a refusal) writes nothing. Two gateways changing reservations at the
+        same instant thus decide one after the other: neither can oversell a pool the other just filled."""
         ...
 
     async def ping(self) -> bool:

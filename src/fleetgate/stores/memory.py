@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 
 from fleetgate.core.admission import BucketState, Charge, MemoryBuckets, TakeOutcome
+from fleetgate.stores.base import ReservationChange
 
 
 class MemoryStore:
@@ -18,6 +20,7 @@ class MemoryStore:
         self.buckets = MemoryBuckets()
         self._usage: dict[str, dict[str, float]] = {}
         self._reservations: dict[str, dict[str, float]] = {}
+        self._reservations_lock = asyncio.Lock()
 
     def _add(self, usage_key: str, fields: Mapping[str, float]) -> None:
         row = self._usage.setdefault(usage_key, {})
@@ -64,6 +67,12 @@ class MemoryStore:
 
     async def set_reservations(self, tenant: str, reserved: Mapping[str, float]) -> None:
         self._reservations[tenant] = dict(reserved)
+
+    async def update_reservations(self, tenant: str, change: ReservationChange) -> dict[str, float]:
+        async with self._reservations_lock:  # ``change`` is sync; the lock keeps it so if that changes
+            new = dict(change(await self.reservations()))
+            self._reservations[tenant] = new
+            return dict(new)
 
     async def ping(self) -> bool:
         return True

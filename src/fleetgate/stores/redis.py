@@ -28,10 +28,10 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from fleetgate.core.admission import MIN_RETRY_AFTER_S, BucketState, Charge, TakeOutcome
-from fleetgate.stores.base import StoreUnavailableError
+from fleetgate.stores.base import ReservationChange, StoreUnavailableError
 
 log = logging.getLogger("fleetgate.admission.redis")
 
@@ -198,6 +198,8 @@ return reply
 )
 
 _UNAVAILABLE = (RedisError, OSError, TimeoutError, ConnectionError)
+#: Tries of one reservation change while other writers keep changing reservations under it.
+_RESERVATION_TRIES = 32
 
 
 class RedisStore:
@@ -352,6 +354,33 @@ class RedisStore:
             raw = await self._redis.hgetall(self._reservations_key)
         except _UNAVAILABLE as exc:
             raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+        return self._decode_reservations(raw)
+
+    async def update_reservations(self, tenant: str, change: ReservationChange) -> dict[str, float]:
+        """Optimistic: WATCH the reservations hash, read it, decide, write in MULTI/EXEC; a write by anyone
+        else in between aborts the EXEC (``WatchError``) and the change is decided again on fresh data."""
+        key = self._reservations_key
+        for _ in range(_RESERVATION_TRIES):
+            try:
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    await pipe.watch(key)
+                    new = {
+                        m: float(v)
+                        for m, v in change(self._decode_reservations(await pipe.hgetall(key))).items()
+                    }
+                    pipe.multi()
+                    pipe.hset(key, tenant, json.dumps(dict(sorted(new.items()))))
+                    await pipe.execute()
+                    return new
+            except WatchError:
+                continue
+            except _UNAVAILABLE as exc:
+                raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+        raise StoreUnavailableError(
+            f"reservations in redis at {self.url} changed under every one of {_RESERVATION_TRIES} tries"
+        )
+
+    def _decode_reservations(self, raw: Mapping[Any, Any]) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
         for tenant, blob in raw.items():
             try:
