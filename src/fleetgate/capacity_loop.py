@@ -34,6 +34,7 @@ from fleetgate.core.capacity import (
     decide,
     floor_replicas,
 )
+from fleetgate.gateway.admission import Admission
 from fleetgate.providers.base import ReplicaCounts, ReplicaProvider, ReplicaStatus
 
 log = logging.getLogger("fleetgate.capacity")
@@ -204,7 +205,8 @@ class PoolMetrics:
         )
         self.used = Gauge(
             "fleetgate_pool_used_mu_per_minute",
-            "MU/min this gateway settled on the deployment over the last minute.",
+            "MU/min settled on the deployment over the last minute (by every gateway sharing a Redis "
+            "store; else by this one).",
             per_dep,
             registry=registry,
         )
@@ -463,6 +465,20 @@ class PoolLoop:
         except Exception:
             plan = self.plan
             log.exception("scale_to(%d) failed pool=%s deployment=%s", replicas, plan.name, member.plan.model)
+
+
+def admission_used(admission: Admission, model: str) -> float:
+    """MU/min settled on ``model`` over the capacity ledger's window (fleet-wide with a shared store; 0
+    when admission does not track it)."""
+    for row in admission.capacity_overview() or ():
+        if row.get("deployment") == model:
+            return float(row.get("used_mu_per_min") or 0.0)
+    return 0.0
+
+
+def admission_sold(admission: Admission, model: str) -> float:
+    """MU/min reserved on ``model`` by the tenants admission knows now (run-time changes included)."""
+    return math.fsum(t.reserved_mu_per_min.get(model, 0.0) for t in admission.tenant_summaries())
 
 
 def _none() -> int | None:

@@ -11,7 +11,6 @@ import asyncio
 import functools
 import gc
 import logging
-import math
 import random
 import signal
 import sys
@@ -23,7 +22,14 @@ from prometheus_client import CollectorRegistry
 
 from fleetgate.autoscaler import AutoscalerLoop, AutoscalerMetrics, provider_counts
 from fleetgate.autoscaler.loop import DemandSource
-from fleetgate.capacity_loop import LentReplicas, PoolLoop, PoolPlan, pool_loops
+from fleetgate.capacity_loop import (
+    LentReplicas,
+    PoolLoop,
+    PoolPlan,
+    admission_sold,
+    admission_used,
+    pool_loops,
+)
 from fleetgate.config import ConfigError, FleetgateConfig
 from fleetgate.control import (
     SIM_COST_PROFILE,
@@ -63,6 +69,7 @@ from fleetgate.providers.local import LocalProcessProvider
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from fleetgate.admission.fleet_ledger import FleetLedger
     from fleetgate.admission.reservations import ReservationBook
     from fleetgate.multimodal.pipeline import ImagePipeline
 
@@ -299,12 +306,12 @@ def build_gateway(
         pools,
         built,
         {model: functools.partial(_desired, loop) for model, loop in loops.items()},
-        functools.partial(_sold, gate),
+        functools.partial(admission_sold, gate),
         registry=metrics.registry,
         interval_s=autoscale_interval_s,
         clock=clock,
         leading={name: leader.is_leader for name, leader in pool_leaders.items()},
-        used=functools.partial(_used, gate),
+        used=functools.partial(admission_used, gate),
         lent=lent,
     )
     ops = Ops(cfg.ops, fleet=fleet, admission=gate, clock=clock, autoscalers=loops)
@@ -334,6 +341,7 @@ def build_gateway(
     if images is not None:
         attach_images(app, images, prestart=cfg.multimodal.prestart, registry=metrics.registry)
     reservations: ReservationBook | None = None
+    fleet_ledger: FleetLedger | None = None
     if not isinstance(gate, OpenAdmission):
         from fleetgate.admission.http import add_admin_routes
         from fleetgate.admission.service import AdmissionService
@@ -341,6 +349,7 @@ def build_gateway(
         if isinstance(gate, AdmissionService):
             add_admin_routes(app, gate, pools=pool_loops_)  # /admin/tenants, /admin/usage, /admin/capacity
             reservations = gate.reservations
+            fleet_ledger = gate.fleet_ledger
     ops.install(app, metrics.registry)  # SLO gauges, /admin/status, /ui, request ids in log lines
     server = GatewayServer(
         config=gw,
@@ -361,6 +370,8 @@ def build_gateway(
         server.add_service(f"demand-{model}", share.start, share.stop)
     if reservations is not None:  # run-time reservations (admin API) from the store, every replica in step
         server.add_service("reservations", reservations.start, reservations.stop)
+    if fleet_ledger is not None:  # the capacity ledger's used, summed over every gateway sharing the store
+        server.add_service("fleet-ledger", fleet_ledger.start, fleet_ledger.stop)
     for model, monitor in monitors.items():
         server.add_service(f"health-{model}", monitor.start, monitor.stop)
     for model, loop in loops.items():
@@ -383,19 +394,6 @@ def build_gateway(
 
 def _desired(loop: AutoscalerLoop) -> int | None:
     return loop.desired
-
-
-def _used(admission: Admission, model: str) -> float:
-    """MU/min this gateway settled on ``model`` over the capacity ledger's window (0 when not tracked)."""
-    for row in admission.capacity_overview() or ():
-        if row.get("deployment") == model:
-            return float(row.get("used_mu_per_min") or 0.0)
-    return 0.0
-
-
-def _sold(admission: Admission, model: str) -> float:
-    """MU/min reserved on ``model`` by the tenants admission knows now (run-time changes included)."""
-    return math.fsum(t.reserved_mu_per_min.get(model, 0.0) for t in admission.tenant_summaries())
 
 
 class _KeyTargets(KeySink):

@@ -108,14 +108,14 @@ def _pools(service: AdmissionService, pools: Mapping[str, PoolLoop]) -> list[dic
     """Each pool's ledger from its last decision: capacity, sold, guaranteed, used, headroom, reclaimed,
     per deployment and tenant (``decided: false`` before the first one, or on a gateway that does not lead
     the pool)."""
-    now = service.clock()
     out: list[dict[str, object]] = []
     for name, loop in sorted(pools.items()):
         view = loop.last
         if view is None:
             out.append({"pool": name, "gpus": loop.plan.gpus, "decided": False})
             continue
-        used = {m.model: service.ledger(m.model).used_by_tenant(now) for m in view.plan.members}
+        used_scope = {m.model: service.used_by_tenant(m.model) for m in view.plan.members}
+        used = {model: by_tenant for model, (by_tenant, _) in used_scope.items()}
         reserved = {t.name: t.limits.reserved_mu_per_min for t in service.directory.tenants().values()}
         report = view.report(used)
         for dep in report["deployments"]:  # type: ignore[attr-defined]
@@ -127,7 +127,8 @@ def _pools(service: AdmissionService, pools: Mapping[str, PoolLoop]) -> list[dic
             for tenant, row in rows.items():
                 row["reserved_mu_per_min"] = reserved.get(tenant, {}).get(model, 0.0)
             dep["tenants"] = [rows[t] for t in sorted(rows)]
-        out.append({**report, "decided": True})
+        scopes = {scope for _, scope in used_scope.values()}
+        out.append({**report, "decided": True, "used_scope": "fleet" if scopes == {"fleet"} else "gateway"})
     return out
 
 

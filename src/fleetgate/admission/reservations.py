@@ -14,7 +14,6 @@ same instant, one writes and the other decides again on what it wrote, so no poo
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
@@ -29,6 +28,7 @@ from fleetgate.core.errors import (
     NotFoundError,
     ServiceUnavailableError,
 )
+from fleetgate.periodic import Periodic
 from fleetgate.stores import AdmissionStore, StoreUnavailableError
 from fleetgate.stores.base import ReservationChange
 
@@ -51,8 +51,7 @@ class ReservationBook:
         self.directory = directory
         self.refresh_s = refresh_s
         self.models = {d.model for d in cfg.deployments}
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
+        self._loop = Periodic("reservations", self.refresh, refresh_s, quiet=(StoreUnavailableError,))
 
     def sold(self) -> dict[str, float]:
         """MU/min reserved per deployment, as the directory has it now."""
@@ -75,35 +74,14 @@ class ReservationBook:
 
     async def start(self) -> None:
         """Refresh now (a restart sees what was changed before it), then every ``refresh_s``."""
-        if self._task is None:
-            self._stopping = asyncio.Event()
+        if not self._loop.running:
             with contextlib.suppress(StoreUnavailableError):
                 await self.refresh()
-            self._task = asyncio.create_task(self._run(), name="fleetgate-reservations")
+            self._loop.start()
 
     async def stop(self) -> None:
-        """Stop refreshing; a refresh under way finishes first (its store calls have short timeouts):
-        cancelling a Redis call midway can leave the client's connection pool waiting for good."""
-        if self._task is not None:
-            self._stopping.set()
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), 5.0)
-            except TimeoutError:
-                self._task.cancel()
-            self._task = None
-
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.refresh_s)
-            if self._stopping.is_set():
-                return
-            try:
-                await self.refresh()
-            except StoreUnavailableError as exc:
-                log.warning("reservations not refreshed: %s", exc)
-            except Exception:  # keep refreshing; the next round may succeed
-                log.exception("reservations refresh failed")
+        """Stop refreshing; a refresh under way finishes first (``periodic.Periodic``)."""
+        await self._loop.stop()
 
     def current(self, name: str) -> dict[str, float]:
         tenant = self.directory.get(name)

@@ -30,6 +30,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from fleetgate.admission.fleet_ledger import FleetLedger
 from fleetgate.admission.metrics import AdmissionMetrics
 from fleetgate.admission.reservations import ReservationBook
 from fleetgate.admission.tenants import ANONYMOUS_TENANT, Tenant, TenantDirectory
@@ -150,6 +151,8 @@ class AdmissionService(AdmissionHooks):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._rejected: dict[str, int] = {}
         self._ledgers: dict[str, CapacityLedger] = {}  # per deployment: settled MU over a sliding window
+        #: with a shared store, ``used`` summed over every gateway replica (``None``: this one is the fleet)
+        self.fleet_ledger: FleetLedger | None = FleetLedger(store, window_s=60.0) if store.shared else None
         self._closed = False
         self._clock_warned = False
         self._instance = uuid.uuid4().hex[:16]  # names this service's leases in a shared store
@@ -537,6 +540,8 @@ class AdmissionService(AdmissionHooks):
         if not released:
             self.metrics.settled_mu.labels(ticket.tenant.name).inc(actual_mu)
             self.ledger(ticket.request.model).record(ticket.tenant.name, actual_mu, now)
+            if self.fleet_ledger is not None:
+                self.fleet_ledger.record(ticket.request.model, ticket.tenant.name, actual_mu)
 
     # ------------------------------------------------------------------------------------ admin views
     async def usage(self, tenant_name: str) -> dict[str, Any]:
@@ -564,6 +569,8 @@ class AdmissionService(AdmissionHooks):
         the pseudo-tenant ``FAILOVER_TENANT`` (no tenant name can clash: names cannot hold parentheses)."""
         if mu > 0:
             self.ledger(model).record(FAILOVER_TENANT, mu, self._now(now))
+            if self.fleet_ledger is not None:
+                self.fleet_ledger.record(model, FAILOVER_TENANT, mu, requests=0.0)
 
     def ledger(self, model: str) -> CapacityLedger:
         """The deployment's capacity ledger (settled MU of this gateway over the last minute)."""
@@ -572,11 +579,21 @@ class AdmissionService(AdmissionHooks):
             ledger = self._ledgers[model] = CapacityLedger(model, window_s=60.0)
         return ledger
 
+    def used_by_tenant(self, model: str) -> tuple[dict[str, float], str]:
+        """MU settled per tenant on ``model`` over the ledger's window and whose it is: ``fleet`` (every
+        gateway sharing the store, ``FleetLedger``) or ``gateway`` (this one's exact ledger: the memory
+        store, or a shared store not reachable lately)."""
+        fleet = None if self.fleet_ledger is None else self.fleet_ledger.used_mu(model)
+        if fleet is not None:
+            return fleet, "fleet"
+        return self.ledger(model).used_by_tenant(self.clock()), "gateway"
+
     def capacity_overview(self) -> list[dict[str, Any]] | None:
         """Capacity, sold, used and headroom (MU/min) per deployment known to admission.
 
-        ``used`` is what this gateway settled over the ledger's window (exact sums of the settled costs);
-        with several gateways each reports its own share.
+        ``used`` is what was settled over the ledger's window: with a shared store (Redis), by every gateway
+        replica (``used_scope: fleet``, from the store's per-bucket sums); else by this gateway (``gateway``,
+        exact sums of the settled costs).
         """
         models = set(self._capacities) | set(self._ledgers)
         for t in self.directory.tenants().values():
@@ -590,6 +607,12 @@ class AdmissionService(AdmissionHooks):
             window = ledger.in_window(now)  # one walk of the window for the sum and the count
             used_mu = math.fsum(s.mu for s in window)
             overhead_mu = math.fsum(s.mu for s in window if s.tenant == FAILOVER_TENANT)
+            settled_in_window: float = len(window)
+            fleet = None if self.fleet_ledger is None else self.fleet_ledger.used_mu(model)
+            if fleet is not None and self.fleet_ledger is not None:
+                used_mu = math.fsum(fleet.values())
+                overhead_mu = fleet.get(FAILOVER_TENANT, 0.0)
+                settled_in_window = self.fleet_ledger.settled_requests(model) or 0.0
             used = used_mu * 60.0 / ledger.window_s
             out.append(
                 {
@@ -602,7 +625,8 @@ class AdmissionService(AdmissionHooks):
                     "used_mu": used_mu,
                     "used_window_s": ledger.window_s,
                     "failover_overhead_mu": overhead_mu,
-                    "settled_requests_in_window": len(window),
+                    "settled_requests_in_window": settled_in_window,
+                    "used_scope": "gateway" if fleet is None else "fleet",
                     "settled_requests_total": ledger.total_settled_requests,
                     "best_effort_max_utilization": self.settings.best_effort_max_utilization,
                 }

@@ -7,6 +7,7 @@ Every store applies the pure bucket arithmetic of ``fleetgate.core.admission`` (
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from fleetgate.core.admission import BucketState, Charge, TakeOutcome
@@ -22,6 +23,17 @@ USAGE_FIELDS = (
 """Per-tenant usage counters (totals since the store started)."""
 
 
+@dataclass(frozen=True, slots=True)
+class SettledUse:
+    """Settled MU (and requests) of one tenant on one deployment: what a gateway adds to the fleet-wide
+    capacity ledger, and the sum over a window that the store answers."""
+
+    deployment: str
+    tenant: str
+    mu: float
+    requests: float = 1.0
+
+
 #: Every run-time reservation (tenant -> {model: MU/min}) -> one tenant's new reservations (may raise).
 ReservationChange = Callable[[dict[str, dict[str, float]]], Mapping[str, float]]
 
@@ -35,6 +47,9 @@ class AdmissionStore(Protocol):
     """Where bucket levels and usage counters live (``now`` is ignored by stores using their own clock)."""
 
     kind: str
+    #: Whether several gateway replicas share this store (Redis): the capacity ledger's ``used`` is then
+    #: read from it, summed over them; otherwise this process's own ledger is the fleet's.
+    shared: bool
 
     @property
     def available(self) -> bool:
@@ -102,6 +117,15 @@ class AdmissionStore(Protocol):
         those, unless another writer changed any reservation in between (then read and decide again). An
         exception from ``change`` (a refusal) writes nothing. Two gateways changing reservations at the
         same instant thus decide one after the other: neither can oversell a pool the other just filled."""
+        ...
+
+    async def add_used(self, settled: Sequence[SettledUse], now: float) -> None:
+        """Add settled MU per deployment and tenant to the fleet-wide ledger (buckets of a few seconds)."""
+        ...
+
+    async def used(self, window_s: float, now: float) -> list[SettledUse]:
+        """Settled MU and requests per deployment and tenant over the last ``window_s``, summed over every
+        gateway that added them (the oldest bucket weighted by the part of it inside the window)."""
         ...
 
     async def ping(self) -> bool:

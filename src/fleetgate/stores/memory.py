@@ -6,13 +6,18 @@ import asyncio
 from collections.abc import Mapping, Sequence
 
 from fleetgate.core.admission import BucketState, Charge, MemoryBuckets, TakeOutcome
-from fleetgate.stores.base import ReservationChange
+from fleetgate.core.capacity.ledger import bucket_of, window_buckets
+from fleetgate.stores.base import ReservationChange, SettledUse
+
+#: Buckets of settled MU kept (a few minutes: windows are 60 s).
+_KEEP_BUCKETS = 64
 
 
 class MemoryStore:
     """Bucket levels and usage counters in dicts. Atomic because nothing awaits inside a call."""
 
     kind = "memory"
+    shared = False  #: one process: its own capacity ledger is the fleet's
     available = True  #: always: it lives in this process
     lease_ttl_s: float | None = None  # state lives and dies with the process that settles it
 
@@ -21,6 +26,7 @@ class MemoryStore:
         self._usage: dict[str, dict[str, float]] = {}
         self._reservations: dict[str, dict[str, float]] = {}
         self._reservations_lock = asyncio.Lock()
+        self._used: dict[int, dict[tuple[str, str], list[float]]] = {}  # bucket -> (dep, tenant) -> [mu, n]
 
     def _add(self, usage_key: str, fields: Mapping[str, float]) -> None:
         row = self._usage.setdefault(usage_key, {})
@@ -73,6 +79,25 @@ class MemoryStore:
             new = dict(change(await self.reservations()))
             self._reservations[tenant] = new
             return dict(new)
+
+    async def add_used(self, settled: Sequence[SettledUse], now: float) -> None:
+        bucket = self._used.setdefault(bucket_of(now), {})
+        for s in settled:
+            row = bucket.setdefault((s.deployment, s.tenant), [0.0, 0.0])
+            row[0] += s.mu
+            row[1] += s.requests
+        horizon = bucket_of(now) - _KEEP_BUCKETS
+        for b in [b for b in self._used if b < horizon]:
+            del self._used[b]
+
+    async def used(self, window_s: float, now: float) -> list[SettledUse]:
+        sums: dict[tuple[str, str], list[float]] = {}
+        for b, weight in window_buckets(now, window_s):
+            for key, (mu, n) in self._used.get(b, {}).items():
+                row = sums.setdefault(key, [0.0, 0.0])
+                row[0] += weight * mu
+                row[1] += weight * n
+        return [SettledUse(d, t, mu, n) for (d, t), (mu, n) in sorted(sums.items())]
 
     async def ping(self) -> bool:
         return True

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,7 +32,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, WatchError
 
 from fleetgate.core.admission import MIN_RETRY_AFTER_S, BucketState, Charge, TakeOutcome
-from fleetgate.stores.base import ReservationChange, StoreUnavailableError
+from fleetgate.core.capacity.ledger import USED_BUCKET_S
+from fleetgate.stores.base import ReservationChange, SettledUse, StoreUnavailableError
 
 log = logging.getLogger("fleetgate.admission.redis")
 
@@ -197,7 +199,55 @@ return reply
 """
 )
 
+# The fleet-wide capacity ledger (``core.capacity.ledger``'s buckets): one hash per bucket of
+# ``bucket_s`` seconds, field = JSON [deployment, tenant], value = settled MU; and [deployment, tenant, "n"]
+# = settled requests. ARGV: now, bucket_s, ttl, key prefix, then field/amount pairs.
+USED_ADD_LUA = (
+    _PRELUDE
+    + """
+local bucket_s, ttl, prefix = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local key = prefix .. string.format('%d', math.floor(now / bucket_s))
+for j = 5, #ARGV - 1, 2 do
+  redis.call('HINCRBYFLOAT', key, ARGV[j], ARGV[j + 1])
+end
+redis.call('EXPIRE', key, ttl)
+return fmt(now)
+"""
+)
+
+# ARGV: now, bucket_s, window_s, key prefix. The buckets overlapping (now - window, now], the oldest
+# weighted by its share inside the window (``window_buckets``). Reply: {now, field, sum, field, sum, ...}.
+USED_READ_LUA = (
+    _PRELUDE
+    + """
+local bucket_s, window_s, prefix = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local start = now - window_s
+local sums, order = {}, {}
+for b = math.floor(start / bucket_s), math.floor(now / bucket_s) do
+  local w = math.min(1, math.max(0, ((b + 1) * bucket_s - start) / bucket_s))
+  if w > 0 then
+    local v = redis.call('HGETALL', prefix .. string.format('%d', b))
+    for i = 1, #v, 2 do
+      if sums[v[i]] == nil then
+        sums[v[i]] = 0
+        order[#order + 1] = v[i]
+      end
+      sums[v[i]] = sums[v[i]] + w * tonumber(v[i + 1])
+    end
+  end
+end
+local reply = {fmt(now)}
+for _, f in ipairs(order) do
+  reply[#reply + 1] = f
+  reply[#reply + 1] = fmt(sums[f])
+end
+return reply
+"""
+)
+
 _UNAVAILABLE = (RedisError, OSError, TimeoutError, ConnectionError)
+#: Seconds of settled MU the fleet-wide ledger keeps in Redis (windows read are at most this long).
+_USED_KEEP_S = 300.0
 #: Tries of one reservation change while other writers keep changing reservations under it.
 _RESERVATION_TRIES = 32
 
@@ -206,6 +256,7 @@ class RedisStore:
     """Admission state in one Redis (or a Sentinel-managed primary): atomic Lua scripts, namespaced keys."""
 
     kind = "redis"
+    shared = True  #: every gateway replica reads and writes the same state
 
     def __init__(
         self,
@@ -224,6 +275,7 @@ class RedisStore:
         self._leases_key = f"{namespace}:leases"
         self._reservations_key = f"{namespace}:reservations"  # hash: tenant -> JSON {model: MU/min}
         self._lease_prefix = f"{namespace}:lease:"
+        self._used_prefix = f"{namespace}:used:"  # + bucket number: settled MU per deployment and tenant
         self.server_time = server_time
         self.retry_interval_s = retry_interval_s
         if client is None:
@@ -244,6 +296,8 @@ class RedisStore:
         self._adjust = self._redis.register_script(ADJUST_LUA)
         self._peek = self._redis.register_script(PEEK_LUA)
         self._renew = self._redis.register_script(RENEW_LUA)
+        self._used_add = self._redis.register_script(USED_ADD_LUA)
+        self._used_read = self._redis.register_script(USED_READ_LUA)
         self.available = True
         self.errors_total = 0
         self.outages_total = 0
@@ -397,6 +451,30 @@ class RedisStore:
             await self._redis.hset(self._reservations_key, tenant, blob)
         except _UNAVAILABLE as exc:
             raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+
+    async def add_used(self, settled: Sequence[SettledUse], now: float) -> None:
+        if not settled:
+            return
+        ttl = math.ceil(_USED_KEEP_S + 2 * USED_BUCKET_S)
+        args = [self._now_arg(now), repr(USED_BUCKET_S), str(ttl), self._used_prefix]
+        for s in settled:
+            args += [json.dumps([s.deployment, s.tenant]), repr(float(s.mu))]
+            args += [json.dumps([s.deployment, s.tenant, "n"]), repr(float(s.requests))]
+        await self._call(self._used_add, [], args)
+
+    async def used(self, window_s: float, now: float) -> list[SettledUse]:
+        if window_s > _USED_KEEP_S:
+            raise ValueError(f"the fleet-wide ledger keeps {_USED_KEEP_S} s, not {window_s}")
+        args = [self._now_arg(now), repr(USED_BUCKET_S), repr(float(window_s)), self._used_prefix]
+        r = await self._call(self._used_read, [], args)
+        sums: dict[tuple[str, str], list[float]] = {}
+        for field, value in zip(r[1::2], r[2::2], strict=True):
+            try:
+                deployment, tenant, *count = json.loads(field)
+            except (ValueError, TypeError):
+                continue  # not written by this version
+            sums.setdefault((str(deployment), str(tenant)), [0.0, 0.0])[1 if count else 0] += float(value)
+        return [SettledUse(d, t, mu, n) for (d, t), (mu, n) in sorted(sums.items())]
 
     async def ping(self) -> bool:
         try:

@@ -16,13 +16,17 @@ from fleetgate.core.capacity.allocator import (
     floor_replicas,
 )
 from fleetgate.core.capacity.ledger import (
+    USED_BUCKET_S,
     CapacityLedger,
     CapacitySnapshot,
     Settlement,
+    bucket_of,
     capacity_of,
+    window_buckets,
 )
 
 __all__ = [
+    "USED_BUCKET_S",
     "Allocation",
     "AllocationContext",
     "AllocatorParams",
@@ -31,8 +35,10 @@ __all__ = [
     "CapacitySnapshot",
     "DeploymentDemand",
     "Settlement",
+    "bucket_of",
     "capacity_of",
     "decide",
     "fair_shares",
     "floor_replicas",
+    "window_buckets",
 ]

@@ -174,3 +174,27 @@ class CapacityLedger:
             used_by_tenant_mu_per_min={t: math.fsum(v) * rate for t, v in by_tenant.items()},
             sold_by_tenant_mu_per_min=sold,
         )
+
+
+# -- the fleet-wide ledger's buckets (``AdmissionStore.add_used`` / ``used``; the Redis store's Lua is the
+# same arithmetic) ---------------------------------------------------------------------------------------
+
+#: Seconds per bucket of settled MU in the store: a window of 60 s reads 13 buckets.
+USED_BUCKET_S = 5.0
+
+
+def bucket_of(now: float, bucket_s: float = USED_BUCKET_S) -> int:
+    """The bucket a settlement at ``now`` (seconds on the store's clock) is added to."""
+    return math.floor(now / bucket_s)
+
+
+def window_buckets(now: float, window_s: float, bucket_s: float = USED_BUCKET_S) -> list[tuple[int, float]]:
+    """The buckets that overlap ``(now - window_s, now]``, each with the share of it inside the window: 1
+    for all but the oldest, which counts in proportion (settlements taken as spread evenly over it)."""
+    start = now - window_s
+    out = []
+    for b in range(bucket_of(start, bucket_s), bucket_of(now, bucket_s) + 1):
+        weight = min(1.0, max(0.0, ((b + 1) * bucket_s - start) / bucket_s))
+        if weight > 0:
+            out.append((b, weight))
+    return out

@@ -1,0 +1,110 @@
+"""The capacity ledger's ``used``, fleet-wide (issue 18 item 6): two ``fleetgate serve`` processes sharing a
+real Redis (FLEETGATE_TEST_REDIS_URL) in front of one simulated engine. Requests go through gateway A (tenant
+gold) and gateway B (tenant silver); afterwards both report in ``/admin/capacity`` the same used MU, the sum
+of what each settled (the tenants' settled MU totals, which the store also keeps), with ``used_scope:
+fleet``, while each gateway's own ledger counts only its share.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+REDIS_URL = os.environ.get("FLEETGATE_TEST_REDIS_URL")
+pytestmark = [
+    pytest.mark.skipif(not REDIS_URL, reason="FLEETGATE_TEST_REDIS_URL not set (scripts/test.sh starts one)"),
+    pytest.mark.timeout(120),
+]
+ADMIN = {"Authorization": "Bearer sk-admin"}
+KEYS = {"gold": "sk-gold", "silver": "sk-silver"}
+
+
+def _config(engine_url: str, namespace: str) -> dict[str, Any]:
+    return {
+        "gateway": {"host": "127.0.0.1", "port": 0, "scrape_interval_s": 0.5},
+        "deployments": [{"model": "sim-model", "replicas": [{"name": "e0", "url": engine_url}]}],
+        "tenants": [
+            {
+                "name": "gold",
+                "api_keys": [KEYS["gold"]],
+                "reserved_mu_per_min": {"sim-model": 50},
+                "best_effort_mu_per_min": None,
+            },
+            {"name": "silver", "api_keys": [KEYS["silver"]], "best_effort_mu_per_min": None},
+        ],
+        "admission": {
+            "admin_api_keys": ["sk-admin"],
+            "store": {"kind": "redis", "url": REDIS_URL, "namespace": namespace},
+        },
+        "ops": {"access_log": False},
+    }
+
+
+def _send(client: httpx.Client, url: str, tenant: str, n: int) -> None:
+    for i in range(n):
+        body = {
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": f"{tenant} question {i}: " + "word " * (20 + 7 * i)}],
+            "max_tokens": 8 + i,
+            "stream": i % 2 == 0,
+        }
+        r = client.post(
+            f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEYS[tenant]}"}
+        )
+        r.read()
+        assert r.status_code == 200, r.text
+
+
+def _row(client: httpx.Client, url: str) -> dict[str, Any]:
+    (row,) = client.get(f"{url}/admin/capacity", headers=ADMIN).json()["deployments"]
+    return dict(row)
+
+
+def test_both_gateways_report_the_fleet_sum(tools: Any, start_engine: Any, tmp_path: Path) -> None:
+    engine = start_engine("sim-model")
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(_config(engine.url, f"t{uuid.uuid4().hex}")))
+    gateways = [
+        tools.ServerProcess([tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(path)], name=f"gw-{i}")
+        for i in range(2)
+    ]
+    try:
+        url_a, url_b = (g.wait_ready(60) for g in gateways)
+        with httpx.Client(timeout=30) as client:
+            _send(client, url_a, "gold", 6)
+            _send(client, url_b, "silver", 4)
+            settled = {
+                t: client.get(f"{url_a}/admin/usage/{t}", headers=ADMIN).json()["usage"]
+                for t in ("gold", "silver")
+            }
+            assert (settled["gold"]["settled"], settled["silver"]["settled"]) == (6, 4)
+            total = settled["gold"]["settled_mu"] + settled["silver"]["settled_mu"]
+            assert total > 0
+            rows: list[dict[str, Any]] = []
+            deadline = time.monotonic() + 10.0  # each gateway sends and reads the window every second
+            while time.monotonic() < deadline:
+                rows = [_row(client, url) for url in (url_a, url_b)]
+                if all(math.isclose(r["used_mu"], total, rel_tol=1e-9) for r in rows):
+                    break
+                time.sleep(0.2)
+            for row in rows:
+                assert row["used_scope"] == "fleet", rows
+                assert math.isclose(row["used_mu"], total, rel_tol=1e-9), (rows, total)
+                assert math.isclose(row["used_mu_per_min"], total * 60.0 / row["used_window_s"], rel_tol=1e-9)
+                assert row["settled_requests_in_window"] == pytest.approx(10.0)
+                assert math.isclose(
+                    row["headroom_mu_per_min"], row["capacity_mu_per_min"] - row["used_mu_per_min"]
+                )
+            # each gateway's own ledger still counts only what it settled itself: the requests did split
+            assert [r["settled_requests_total"] for r in rows] == [6, 4]
+    finally:
+        for g in gateways:
+            g.kill()
