@@ -191,8 +191,8 @@ async def test_every_replica_sees_a_change_and_a_restart_loses_none(gateways: Ga
 async def test_conflicting_changes_at_the_same_instant_never_oversell(gateways: Gateways, kind: str) -> None:
     """Two admins raise two tenants' reservations at once, each through its own gateway replica (with the
     memory store, one gateway: it is the whole fleet): gold's chat-a to 3 GPUs' worth, silver's chat-b to 2;
-    each change fits the pool alone (3 + 1 or 1 + 2 GPUs of 4) but not both (5). Round after round exactly one gets 200 and the other 409 pool_oversold, and what the
-    store holds afterwards fits the pool."""
+    each change fits the pool alone (3 + 1 or 1 + 2 GPUs of 4) but not both (5). Round after round exactly
+    one gets 200 and the other 409 pool_oversold, and what the store holds afterwards fits the pool."""
     doc = _config(_store(kind, f"t{uuid.uuid4().hex}"))
     _, url_one = await gateways.start(doc)
     url_two = (await gateways.start(doc))[1] if kind == "redis" else url_one
