@@ -180,8 +180,20 @@ class AdmissionMachine:
         return Round(self._submit(entry, now, try_alone), entry)
 
     def pump(self, now: float) -> Round:
-        """A pass over the whole queue: deadlines, meters that drained, refunds."""
-        return Round(self._pump(now))
+        """A pass over the whole queue: deadlines, meters that drained, refunds.
+
+        A pass that runs after it was due (``next_wake``: the executor's timer fired late, e.g. its event
+        loop was busy or descheduled) first rejects only the entries whose deadline passed by the time it was
+        due; those whose deadline passed since are tried once (a meter may have freed up before their
+        deadline: the executor's lateness must not refuse them, with a ``Retry-After`` computed before it
+        freed), and those still waiting are rejected at the end of the pass.
+        """
+        return Round(self._pump(now, self._expire_before(now)))
+
+    def _expire_before(self, now: float) -> float | None:
+        """Deadlines before this are past (``None``: before ``now``); see ``pump``."""
+        due = self._next_wake
+        return None if due is None or due >= now else math.nextafter(due, math.inf)
 
     def settle(
         self,
@@ -231,7 +243,8 @@ class AdmissionMachine:
             if entry.decision is None:
                 core.finish_rejected(entry, Reason.QUEUE_FULL, now)
             return
-        yield from self._run(core.pump_arrival(entry, now, self.capacity_of), now)
+        late = self._expire_before(now)
+        yield from self._run(core.pump_arrival(entry, now, self.capacity_of, expire_before=late), now)
         if entry.decision is None:
             core.give_up_if_hopeless(entry, now)
 
@@ -259,9 +272,9 @@ class AdmissionMachine:
             if deltas:
                 yield AdjustCharges(entry.tenant, deltas, ())
 
-    def _pump(self, now: float) -> Generator[Command, _Reply, None]:
+    def _pump(self, now: float, expire_before: float | None) -> Generator[Command, _Reply, None]:
         yield Exclusive()
-        yield from self._run(self.core.pump(now, self.capacity_of), now)
+        yield from self._run(self.core.pump(now, self.capacity_of, expire_before=expire_before), now)
 
     def _run(self, p: PumpPass, now: float) -> Generator[Command, _Reply, None]:
         """Drive one pass: each attempt becomes a take; then resolve what it decided, note the next wake."""

@@ -74,6 +74,7 @@ class PumpPass:
         *,
         blocked: Mapping[str, tuple[float, BucketState | None]] | None = None,
         full: bool | None = None,
+        expire_before: float | None = None,
     ) -> None:
         self.core = core
         self.now = now
@@ -81,8 +82,11 @@ class PumpPass:
         self.finished: list[QueueEntry] = []  # entries with a final decision (admitted or rejected)
         self._only = only
         self.full = only is None if full is None else full  # a pass over the whole queue
+        # a late pass (``expire_before`` < now) tries the entries whose deadline passed since it was due
+        # once, and rejects those still waiting at its end
+        self._late = only is None and expire_before is not None and expire_before < now
         if only is None:
-            for e in core.queue.expired(now):
+            for e in core.queue.expired(now if expire_before is None else min(now, expire_before)):
                 core.finish_rejected(e, Reason.DEADLINE, now)
                 self.finished.append(e)
         self._blocked: dict[str, float] = {}  # meter key -> wait of the entry it blocked
@@ -139,6 +143,10 @@ class PumpPass:
             if entry is None:
                 if not self._closed:
                     self._closed = True
+                    if self._late:
+                        for e in self.core.queue.expired(self.now):
+                            self.core.finish_rejected(e, Reason.DEADLINE, self.now)
+                            self.finished.append(e)
                     self.core._after_pass(self)
                 return None
             self._plan(entry)
@@ -287,13 +295,19 @@ class AdmissionCore:
         now: float,
         capacity_of: Callable[[str], CapacityView | None],
         only: QueueEntry | None = None,
+        *,
+        expire_before: float | None = None,
     ) -> PumpPass:
-        """A pass over the whole queue, or over ``only`` (an entry the full queue refused)."""
+        """A pass over the whole queue, or over ``only`` (an entry the full queue refused).
+
+        ``expire_before``: entries whose deadline is before it are rejected first (default ``now``; a pass
+        that runs late gives the time it was due, see ``AdmissionMachine.pump``).
+        """
         if only is None:
             self._valid = False  # until this pass completes
             self.full_passes += 1
             self.pass_id += 1
-        return PumpPass(self, now, capacity_of, only)
+        return PumpPass(self, now, capacity_of, only, expire_before=expire_before)
 
     def materialize(self, entry: QueueEntry) -> None:
         """Give ``entry`` the skip notes of the last full pass if that pass stopped before reaching it."""
@@ -318,7 +332,12 @@ class AdmissionCore:
         return self._valid_until if self._valid else None
 
     def pump_arrival(
-        self, entry: QueueEntry, now: float, capacity_of: Callable[[str], CapacityView | None]
+        self,
+        entry: QueueEntry,
+        now: float,
+        capacity_of: Callable[[str], CapacityView | None],
+        *,
+        expire_before: float | None = None,
     ) -> PumpPass:
         """The pass to run after ``entry`` was queued: equivalent to a full pass, but O(log n).
 
@@ -327,7 +346,7 @@ class AdmissionCore:
         pass found; only ``entry`` needs trying, behind the meters blocked by entries ranked ahead of it.
         Otherwise (or when a blocking entry left, or a capacity changed) this is a full pass.
         """
-        expired = self.queue.expired(now)
+        expired = self.queue.expired(now if expire_before is None else min(now, expire_before))
         for e in expired:
             self.finish_rejected(e, Reason.DEADLINE, now)
         ok = self._valid and now < self._valid_until and entry in self.queue
@@ -335,8 +354,10 @@ class AdmissionCore:
             ok = all(b in self.queue for b, _w, _s in self._blockers.values())
         if ok:
             ok = all(capacity_of(m) == cap for m, cap in self._caps.items())
+        if ok and expire_before is not None and expire_before < now:
+            ok = False  # a late pass (rare): the full pass tries the entries whose deadline passed since
         if not ok:
-            p = self.pump(now, capacity_of)
+            p = self.pump(now, capacity_of, expire_before=expire_before)
         else:
             self.arrival_passes += 1
             rank = self.queue._rank(entry)
