@@ -19,6 +19,7 @@ import inspect
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +39,9 @@ from fleetgate.gateway.admission import Admission
 from fleetgate.providers.base import ReplicaCounts, ReplicaProvider, ReplicaStatus
 
 log = logging.getLogger("fleetgate.capacity")
+
+#: Decisions a pool loop remembers for the ``/ui`` picture (15 minutes at one per second).
+HISTORY_POINTS = 900
 
 #: MU/min sold on a deployment (the sum of its tenants' reservations), read at every decision.
 SoldFn = Callable[[str], float]
@@ -333,8 +337,23 @@ class PoolLoop:
         self.clock = clock
         self.state: AllocatorState | None = None
         self.last: PoolView | None = None
+        #: one point per decision, for the ``/ui`` picture: (time, capacity, sold, used MU/min, GPUs used)
+        self.history: deque[tuple[float, float, float, float, int]] = deque(maxlen=HISTORY_POINTS)
         self._task: asyncio.Task[None] | None = None
         self.metrics.gpus.labels(plan.name).set(plan.gpus)
+
+    def recent(self, now: float) -> list[dict[str, float]]:
+        """The remembered decisions, oldest first, ``t`` in seconds before ``now`` (negative)."""
+        return [
+            {
+                "t": t - now,
+                "capacity_mu_per_min": c,
+                "sold_mu_per_min": s,
+                "used_mu_per_min": u,
+                "gpus_used": g,
+            }
+            for t, c, s, u, g in self.history
+        ]
 
     async def start(self) -> None:
         if self._task is None:
@@ -438,6 +457,17 @@ class PoolLoop:
             used_mu_per_min={m.plan.model: self.used(m.plan.model) for m in self.members},
         )
         m_.floor_gpus.labels(plan.name).set(sum(d.floor * d.gpus_per_replica for d in inputs))
+        self.history.append(
+            (
+                self.clock(),
+                math.fsum(
+                    d.held * m.plan.capacity_mu_per_min for m, d in zip(self.members, inputs, strict=True)
+                ),
+                math.fsum(view.sold_mu_per_min.values()),
+                math.fsum(view.used_mu_per_min.values()),
+                sum((d.held + d.draining) * d.gpus_per_replica for d in inputs),
+            )
+        )
         for member, d in zip(self.members, inputs, strict=True):
             capacity = d.held * member.plan.capacity_mu_per_min
             used = view.used_mu_per_min[d.name]

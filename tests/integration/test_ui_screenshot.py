@@ -2,8 +2,8 @@
 load, rendered by headless Chromium (Debian's ``chromium``; ``scripts/test.sh`` installs it where missing).
 
 Checks: the DOM after the page's own polling contains the running fleet's replica names, health and tenant
-names with real request counts; the screenshot is a real, non-blank PNG. Set ``FLEETGATE_UI_SCREENSHOT`` to a
-path to keep the screenshot.
+names with real request counts, and the GPU pool's picture (capacity, sold and used over time); the
+screenshot is a real, non-blank PNG. Set ``FLEETGATE_UI_SCREENSHOT`` to a path to keep the screenshot.
 """
 
 from __future__ import annotations
@@ -80,15 +80,42 @@ def _run_chromium(binary: str, args: list[str], url: str, tmp: Path) -> subproce
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
 
 
+def _assert_pool_picture(html: str) -> None:
+    """The pool's chart is drawn from its history: capacity, sold and used lines over at least two
+    decisions, sold at gold's 100 MU/min, used above zero somewhere; the member table and the latency
+    headroom column are there."""
+    chart = re.search(r'<svg [^>]*class="chart pool" data-pool="gpus" data-points="(\d+)"', html)
+    assert chart and int(chart.group(1)) >= 2, html[:3000]
+    lines = dict(
+        (m.group(2), (m.group(1), float(m.group(3))))
+        for m in re.finditer(r'<path d="([^"]+)" class="(\w+)" data-series="\w+" data-last="([^"]+)"', html)
+    )
+    assert {"capacity", "sold", "used"} <= set(lines), lines.keys()
+    assert lines["sold"][1] == 100.0 and lines["capacity"][1] >= 200.0
+    baseline = 160 - 28  # the chart's y for 0 MU/min (H - P in app.js)
+    used_y = [float(v) for v in re.findall(r"[ML][\d.]+ ([\d.]+)", lines["used"][0])]
+    assert len(used_y) >= 2 and min(used_y) < baseline, lines["used"]  # drawn above 0: MU was settled
+    assert lines["used"][1] > 0
+    head = re.search(
+        r'<h3 class="pool-head" data-used="([^"]+)">gpus · \d / 3 GPUs in use \((\d) lent\)', html
+    )
+    assert head and float(head.group(1)) > 0, html[:3000]
+    assert "sold 100.0" in html and "<td><strong>fleetgate-sim</strong></td><td>" in html
+    assert "Latency headroom" in html and ("TTFT p95" in html or "not reported" in html)
+
+
 def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
     chromium = _chromium()
     if chromium is None:
         pytest.skip("headless Chromium not installed: `apt-get install chromium` (make test does this)")
     config = yaml.safe_load((ROOT / "examples" / "tenants.yaml").read_text())
-    # the example fleet, engines 5x faster, with an autoscaler for the chart
+    # the example fleet, engines 5x faster, with an autoscaler for the chart, in a pool of 3 GPUs (its
+    # third GPU idle: lent as a warm replica) for the pool's picture
     (deployment,) = config["deployments"]
     deployment["provider"]["engine_args"] = ["--time-scale", "0.2"]
     deployment["autoscaler"] = {"policy": "fleetgate", "min_replicas": 2, "max_replicas": 3}
+    deployment["pool"] = "gpus"
+    config["pools"] = [{"name": "gpus", "gpus": 3}]
     path = tmp_path / "tenants.yaml"
     path.write_text(yaml.safe_dump(config))
     port = _free_port()
@@ -122,6 +149,17 @@ def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
         assert by_name["gold"]["used_mu_per_min"] > 0
         assert by_name["gold"]["ttft_p95_s"] is not None
 
+        (pool,) = httpx.get(f"{url}/admin/capacity", headers={"Authorization": f"Bearer {ADMIN}"}).json()[
+            "pools"
+        ]
+        assert pool["pool"] == "gpus" and pool["decided"] and pool["used_scope"] == "gateway"
+        assert (
+            pool["sold_mu_per_min"] == 100.0
+            and pool["used_mu_per_min"] > 0
+            and pool["capacity_mu_per_min"] > 0
+        )
+        assert len(pool["history"]) >= 2 and pool["history"][-1]["t"] <= 0
+
         page = f"{url}/ui?key={ADMIN}"
         dom = _run_chromium(chromium, ["--dump-dom"], page, tmp_path)
         assert dom.returncode == 0, dom.stderr[-2000:]
@@ -134,6 +172,7 @@ def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
         assert re.search(r"\d replicas \(\d healthy\) · 2 tenants · \d+ requests seen", html)
         assert 'class="chart"' in html and "fleetgate-sim · desired" in html  # autoscaler history drawn
         assert "sk-admin-demo" not in html  # the key left the address bar and never enters the DOM
+        _assert_pool_picture(html)
 
         shot = tmp_path / "ui.png"
         result = _run_chromium(chromium, [f"--screenshot={shot}"], page, tmp_path)

@@ -128,7 +128,8 @@ def _pools(service: AdmissionService, pools: Mapping[str, PoolLoop]) -> list[dic
                 row["reserved_mu_per_min"] = reserved.get(tenant, {}).get(model, 0.0)
             dep["tenants"] = [rows[t] for t in sorted(rows)]
         scopes = {scope for _, scope in used_scope.values()}
-        out.append({**report, "decided": True, "used_scope": "fleet" if scopes == {"fleet"} else "gateway"})
+        scope = "fleet" if scopes == {"fleet"} else "gateway"
+        out.append({**report, "decided": True, "used_scope": scope, "history": loop.recent(loop.clock())})
     return out
 
 

@@ -158,6 +158,95 @@
     box.replaceChildren(...parts);
   }
 
+  // A pool over time: capacity, sold and used MU/min, one point per allocator decision (/admin/capacity).
+  const SERIES = [["capacity_mu_per_min", "capacity"], ["sold_mu_per_min", "sold"], ["used_mu_per_min", "used"]];
+  function poolChart(pool) {
+    const W = 900, H = 160, P = 28;
+    const history = pool.history || [];
+    const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart pool", "data-pool": pool.pool,
+      "data-points": String(history.length), preserveAspectRatio: "none" });
+    if (!history.length) return root;
+    const t0 = Math.min(...history.map((h) => h.t)), t1 = 0;
+    const ymax = 1.1 * Math.max(1, ...history.map((h) => Math.max(...SERIES.map(([k]) => h[k] || 0))));
+    const x = (t) => P + ((t - t0) / Math.max(1e-9, t1 - t0)) * (W - 2 * P);
+    const y = (v) => H - P - (v / ymax) * (H - 2 * P);
+    for (const v of [0, ymax / 2, ymax]) {
+      root.appendChild(svg("line", { x1: P, x2: W - P, y1: y(v), y2: y(v), class: "grid" }));
+      const label = svg("text", { x: 2, y: y(v) + 4 });
+      label.textContent = v.toFixed(0);
+      root.appendChild(label);
+    }
+    for (const [key, cls] of SERIES) {
+      const d = history.map((h, i) => (i ? "L" : "M") + x(h.t).toFixed(1) + " " + y(h[key] || 0).toFixed(1)).join(" ");
+      root.appendChild(svg("path", { d, class: cls, "data-series": cls, "data-last": String(history[history.length - 1][key] || 0) }));
+    }
+    const left = svg("text", { x: P, y: H - 6 });
+    left.textContent = Math.round(t0) + " s";
+    const right = svg("text", { x: W - P - 20, y: H - 6 });
+    right.textContent = "now";
+    root.append(left, right);
+    return root;
+  }
+
+  // Latency headroom per tenant class (admission's, where it reports it), else a placeholder.
+  function latencyCell(dep) {
+    const classes = dep && dep.latency && dep.latency.classes;
+    if (!classes) return el("span", "muted", "not reported");
+    const parts = [];
+    for (const [cls, r] of Object.entries(classes)) {
+      parts.push(cls + ": TTFT p95 " + secs(r.ttft_p95_s) + " (≤ " + secs(r.ttft_p95_s_target) + "), OTPS p10 " +
+        num(r.otps_p10) + " (≥ " + num(r.otps_p10_target) + ")");
+    }
+    return el("span", "latency", parts.join(" · "));
+  }
+
+  function renderPools(cap) {
+    const box = $("pools");
+    const pools = (cap && cap.pools) || [];
+    if (!pools.length) {
+      box.replaceChildren(el("p", "muted", "No GPU pools configured."));
+      return;
+    }
+    const byName = {};
+    for (const d of (cap.deployments || [])) byName[d.deployment] = d;
+    const parts = [];
+    for (const p of pools) {
+      if (!p.decided) {
+        parts.push(el("h3", "", p.pool + " · " + p.gpus + " GPUs"),
+          el("p", "muted", "Allocated by another gateway replica (the pool's leader); its picture is there."));
+        continue;
+      }
+      const head = el("h3", "pool-head", p.pool + " · " + p.gpus_used + " / " + p.gpus + " GPUs in use (" +
+        p.lent_replicas + " lent) · capacity " + num(p.capacity_mu_per_min) + " · sold " + num(p.sold_mu_per_min) +
+        " · used " + num(p.used_mu_per_min) + " MU/min" + (p.used_scope === "fleet" ? " (every gateway)" : " (this gateway)"));
+      head.dataset.used = String(p.used_mu_per_min);
+      const legend = el("div", "legend");
+      legend.append(el("span", "c", "— capacity"), el("span", "s", "- - sold"), el("span", "g", "— used (MU/min)"));
+      const table = el("table", "pool-members");
+      const thead = el("thead");
+      thead.appendChild(row(["Deployment", "Replicas (lent)", "Floor", "Demand", "Capacity", "Sold", "Guaranteed",
+        "Used", "Reclaimed", "Latency headroom"].map((h) => el("strong", "", h))));
+      const tbody = el("tbody");
+      for (const d of p.deployments) {
+        tbody.appendChild(row([el("strong", "", d.deployment), d.replicas + " (" + d.lent_replicas + ")",
+          d.floor_replicas, d.demand_replicas, num(d.capacity_mu_per_min), num(d.sold_mu_per_min),
+          num(d.guaranteed_mu_per_min), num(d.used_mu_per_min), d.reclaimed_replicas, latencyCell(byName[d.deployment])]));
+      }
+      table.append(thead, tbody);
+      parts.push(head, legend, poolChart(p), table);
+    }
+    box.replaceChildren(...parts);
+  }
+
+  async function pollCapacity(headers) {
+    try {
+      const resp = await fetch("/admin/capacity", { headers, cache: "no-store" });
+      renderPools(resp.ok ? await resp.json() : null);
+    } catch (err) {
+      renderPools(null);
+    }
+  }
+
   function render(s) {
     renderReplicas(s.replicas);
     renderDeployments(s.deployments);
@@ -191,6 +280,7 @@
       }
       if (!resp.ok) throw new Error("HTTP " + resp.status);
       render(await resp.json());
+      await pollCapacity(headers);
       $("login").hidden = true;
       $("main").hidden = false;
       $("logout").hidden = !key;
