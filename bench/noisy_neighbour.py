@@ -104,7 +104,17 @@ class BenchParams:
     drain_timeout_s: float = 60.0
     seed: int = 1
     flood_process: bool = True  # free's client in its own process (False: one client loop for both)
-    engine_priority: bool = True  # deployments' engine_priority: gold's class goes to the engine
+    engine_priority: bool | None = True  # deployments' engine_priority (None: the config's default)
+    #: a fleetgate config whose gateway starts its own engines (e.g. examples/tenants.yaml): the gateway runs
+    #: it as written (port 0, warnings only); gold and free use its tenants' keys below
+    config: str | None = None
+    gold_key: str = GOLD_KEY
+    free_key: str = FREE_KEY
+    gold_rate_per_s: float | None = None  # None: gold_share of its reservation at its estimated cost
+    flood_concurrency: int = 0  # > 0: free is this many closed-loop clients instead of an open loop
+    free_stream: bool = False  # free's requests streamed (every token through the gateway)
+    gold_idle_phase_s: float = 0.0  # > 0: phase C, free alone after gold went idle (its throughput)
+    latency_headroom: bool | None = None  # admission.latency_headroom.enabled (None: the default, on)
 
 
 @dataclass
@@ -235,7 +245,7 @@ async def gold_request(
         async with session.post(
             url + "/v1/chat/completions",
             data=orjson.dumps(body),
-            headers={"Authorization": f"Bearer {GOLD_KEY}"},
+            headers={"Authorization": f"Bearer {p.gold_key}"},
         ) as resp:
             out.status = resp.status
             out.tier = resp.headers.get("x-fleetgate-tier", "")
@@ -256,22 +266,46 @@ async def gold_request(
 
 async def free_request(
     session: aiohttp.ClientSession, url: str, i: int, p: BenchParams, phase: str, run: Run
-) -> None:
+) -> float:
+    """One request of free's; returns the Retry-After it got (0 when none)."""
     body = {"model": MODEL, "messages": free_messages(i), "max_tokens": p.free_max_tokens}
+    if p.free_stream:
+        body["stream"] = True
     out = Outcome("free", phase, 0)
+    retry = 0.0
     try:
         async with session.post(
             url + "/v1/chat/completions",
             data=orjson.dumps(body),
-            headers={"Authorization": f"Bearer {FREE_KEY}"},
+            headers={"Authorization": f"Bearer {p.free_key}"},
         ) as resp:
             out.status = resp.status
             out.tier = resp.headers.get("x-fleetgate-tier", "")
+            with contextlib.suppress(ValueError):
+                retry = float(resp.headers.get("Retry-After", "0"))
             await resp.read()
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         out.status = 0
         out.error = type(exc).__name__
     run.outcomes.append(out)
+    return retry
+
+
+async def closed_loop(launch: Any, workers: int, duration_s: float, counter: list[int]) -> None:
+    """``workers`` clients, each sending its next request when the last answered (after a refusal, it
+    waits the Retry-After, at most 1 s, as a polite client does), until ``duration_s`` is over."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + duration_s
+
+    async def worker() -> None:
+        while loop.time() < end:
+            i = counter[0]
+            counter[0] += 1
+            retry = await launch(i)
+            if retry > 0:
+                await asyncio.sleep(min(retry, 1.0, max(0.0, end - loop.time())))
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
 
 
 async def open_loop(
@@ -497,9 +531,17 @@ def summarize(run: Run) -> dict[str, Any]:
             }
             for o in slowest
         ]
-    free = [o for o in run.outcomes if o.tenant == "free"]
+    free = [o for o in run.outcomes if o.tenant == "free" and o.phase == "B"]
     phases["B"]["free_sent"] = run.sent.get("free-B", 0)
     phases["B"]["free_statuses"] = _counts(free)
+    phases["B"]["free_served_per_s"] = sum(1 for o in free if o.status == 200) / p.phase_s
+    if p.gold_idle_phase_s > 0:  # free alone with gold idle: best-effort is not starved by the gate
+        free_c = [o for o in run.outcomes if o.tenant == "free" and o.phase == "C"]
+        phases["C"] = {
+            "free_sent": run.sent.get("free-C", 0),
+            "free_statuses": _counts(free_c),
+            "free_served_per_s": sum(1 for o in free_c if o.status == 200) / p.gold_idle_phase_s,
+        }
     free_cost = prof.cost(prompt_tokens(free_messages(0)), p.free_max_tokens)
     phases["B"]["free_admitted_mu_per_min"] = (
         sum(1 for o in free if o.status == 200) * free_cost * 60.0 / p.phase_s
@@ -552,6 +594,8 @@ async def run_benchmark(p: BenchParams, workdir: Path) -> dict[str, Any]:
     cost_path = workdir / "cost-profile.json"
     cost_path.write_text(json.dumps(cost_profile(p).to_dict()))
     procs: list[Proc] = []
+    if p.config is not None:
+        return await _run_config(p, workdir)
     try:
         for i in range(p.engines):
             args = [py, "-m", "fleetgate.cli", "engine", "sim", "--port", "0", "--model", MODEL]
@@ -562,6 +606,8 @@ async def run_benchmark(p: BenchParams, workdir: Path) -> dict[str, Any]:
         admission: dict[str, Any] = {"queue_max": 1000, "deadline_s": 10, "admin_api_keys": [ADMIN_KEY]}
         if p.best_effort_max_utilization is not None:
             admission["best_effort_max_utilization"] = p.best_effort_max_utilization
+        if p.latency_headroom is not None:
+            admission["latency_headroom"] = {"enabled": p.latency_headroom}
         cfg = {
             "gateway": {"host": "127.0.0.1", "port": 0, "first_byte_timeout_s": 120, "health_checks": False},
             "ops": {"log_level": "WARNING"},
@@ -571,7 +617,7 @@ async def run_benchmark(p: BenchParams, workdir: Path) -> dict[str, Any]:
                     "capacity_mu_per_min": p.capacity_mu_per_min,
                     "cost_profile": str(cost_path),
                     "routing": {"policy": "least_requests"},
-                    "engine_priority": p.engine_priority,
+                    **({} if p.engine_priority is None else {"engine_priority": p.engine_priority}),
                     "replicas": [{"name": f"r{i}", "url": u} for i, u in enumerate(urls)],
                 }
             ],
@@ -605,6 +651,43 @@ async def run_benchmark(p: BenchParams, workdir: Path) -> dict[str, Any]:
             proc.kill()
 
 
+def _config_file(p: BenchParams, workdir: Path) -> Path:
+    """``p.config`` with the bench's overrides, written to ``workdir``."""
+    cfg = yaml.safe_load(Path(p.config or "").read_text())
+    cfg.setdefault("gateway", {}).update(host="127.0.0.1", port=0)
+    cfg.setdefault("ops", {})["log_level"] = "WARNING"
+    if p.engine_priority is not None:
+        for d in cfg["deployments"]:
+            d["engine_priority"] = p.engine_priority
+    if p.latency_headroom is not None:
+        cfg.setdefault("admission", {})["latency_headroom"] = {"enabled": p.latency_headroom}
+    cfg_path = workdir / "gateway.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    return cfg_path
+
+
+async def _run_config(p: BenchParams, workdir: Path) -> dict[str, Any]:
+    """The gateway of ``p.config`` as written (its own engines: a local provider), on a free port, with
+    only ``engine_priority`` / ``latency_headroom`` overridden when the params say so."""
+    cfg_path = _config_file(p, workdir)
+    gw = Proc([sys.executable, "-m", "fleetgate.cli", "serve", "--config", str(cfg_path)], "gateway")
+    try:
+        url = gw.wait_ready(120)
+        engines = _children(gw.proc.pid)
+        return await _drive(p, url, (), {"gateway": gw.proc.pid, "engines": engines})
+    finally:
+        gw.kill()
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of a process (Linux; empty elsewhere): the engines a local provider started."""
+    out: list[int] = []
+    with contextlib.suppress(OSError, ValueError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+    return out
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (0 when it is gone)."""
     return process_cpu_seconds(pid, missing=0.0)
@@ -618,7 +701,7 @@ async def _drive(
     fleet_mu_per_s = p.capacity_mu_per_min * p.engines / 60.0
     gold_cost = prof.cost(prompt_tokens(gold_messages(0, p.gold_prompt_tokens)), p.gold_max_tokens)
     free_cost = prof.cost(prompt_tokens(free_messages(0)), p.free_max_tokens)
-    gold_rate = fleet_mu_per_s * p.reserved_share * p.gold_share / gold_cost
+    gold_rate = p.gold_rate_per_s or fleet_mu_per_s * p.reserved_share * p.gold_share / gold_cost
     free_rate = fleet_mu_per_s * p.free_factor / free_cost
     run.extra.update(gold_rate_per_s=gold_rate, free_rate_per_s=free_rate)
     rng = random.Random(p.seed)
@@ -698,6 +781,15 @@ async def _drive(
                 Outcome("free", "B", st, error=err, tier=tier) for st, err, tier in result["outcomes"]
             ]
             run.extra["flood_process_cpu_s"] = result["cpu_s"]
+            if p.gold_idle_phase_s > 0:  # phase C: free alone, once gold has been idle for longer than
+                await asyncio.sleep(6.0)  # admission.latency_headroom.active_s (5 s by default)
+                flood.go("C")
+                result = await flood.result(p.gold_idle_phase_s + p.drain_timeout_s + 30)
+                run.sent["free-C"] = result["sent"]
+                run.outcomes += [
+                    Outcome("free", "C", st, error=err, tier=tier) for st, err, tier in result["outcomes"]
+                ]
+            flood.close()
     cpu1 = os.times()
     run.extra["loadgen_cpu_s"] = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     return summarize(run)
@@ -731,54 +823,64 @@ class FloodProcess:
         if (await self._line(60)).strip() != "ready":
             raise RuntimeError("the flood process did not start")
 
-    def go(self) -> None:
+    def go(self, phase: str = "B") -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write("go\n")
+        self.proc.stdin.write(f"go {phase}\n")
         self.proc.stdin.flush()
 
     async def result(self, timeout_s: float) -> dict[str, Any]:
         try:
             res: dict[str, Any] = json.loads(await self._line(timeout_s))
             return res
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            self.proc.wait(5)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait(5)
 
 
-async def flood_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """The child side of ``FloodProcess``: free's Poisson open loop for one phase, all responses awaited."""
+async def flood_child(spec: dict[str, Any]) -> None:
+    """The child side of ``FloodProcess``: on each ``go PHASE`` line, free's load for one phase (a Poisson
+    open loop, or ``flood_concurrency`` closed-loop clients), all responses awaited, then one JSON line."""
     p = BenchParams(**spec["params"])
     url = spec["url"]
-    run = Run(p)
-    tasks: set[asyncio.Task[None]] = set()
     rng = random.Random(p.seed)
     counter = [0]
     timeout = aiohttp.ClientTimeout(total=p.drain_timeout_s + 120)
-    cpu0 = os.times()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
         async with session.get(url + "/healthz") as resp:  # one warm connection
             await resp.read()
         print("ready", flush=True)
         loop = asyncio.get_running_loop()
-        if not (await loop.run_in_executor(None, sys.stdin.readline)).strip():
-            return {"sent": 0, "outcomes": [], "cpu_s": 0.0}  # the parent went away before "go"
+        while line := (await loop.run_in_executor(None, sys.stdin.readline)).split():
+            phase = line[1] if len(line) > 1 else "B"  # an empty line: the parent went away
+            run = Run(p)
+            tasks: set[asyncio.Task[None]] = set()
+            cpu0 = os.times()
 
-        def free(i: int) -> Any:
-            run.sent["free-B"] = run.sent.get("free-B", 0) + 1
-            return free_request(session, url, i, p, "B", run)
+            def free(i: int, run: Run = run, phase: str = phase) -> Any:
+                run.sent["free"] = run.sent.get("free", 0) + 1
+                return free_request(session, url, i, p, phase, run)
 
-        await open_loop(free, spec["rate"], p.phase_s, tasks, poisson=True, rng=rng, counter=counter)
-        if tasks:
-            await asyncio.wait(list(tasks), timeout=p.drain_timeout_s)
-        for task in list(tasks):
-            task.cancel()
-    cpu1 = os.times()
-    return {
-        "sent": run.sent.get("free-B", 0),
-        "outcomes": [(o.status, o.error, o.tier) for o in run.outcomes],
-        "cpu_s": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
-    }
+            duration = p.gold_idle_phase_s if phase == "C" else p.phase_s
+            if p.flood_concurrency > 0:
+                await closed_loop(free, p.flood_concurrency, duration, counter)
+            else:
+                await open_loop(free, spec["rate"], duration, tasks, poisson=True, rng=rng, counter=counter)
+            if tasks:
+                await asyncio.wait(list(tasks), timeout=p.drain_timeout_s)
+            for task in list(tasks):
+                task.cancel()
+            cpu1 = os.times()
+            out = {
+                "sent": run.sent.get("free", 0),
+                "outcomes": [(o.status, o.error, o.tier) for o in run.outcomes],
+                "cpu_s": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
+            }
+            print(json.dumps(out), flush=True)
 
 
 def report(res: dict[str, Any]) -> str:
@@ -805,7 +907,15 @@ def report(res: dict[str, Any]) -> str:
         f"  B {b['gold_admitted']}/{b['gold_outcomes']}"
         f" = {100 * (b['gold_admitted_share'] or 0):.2f}%   (target >= 99%)",
         f"free outcomes: {b['free_statuses']} of {b['free_sent']} sent;"
-        f" admitted ~{b['free_admitted_mu_per_min']:.0f} MU/min",
+        f" admitted ~{b['free_admitted_mu_per_min']:.0f} MU/min; served {b['free_served_per_s']:.2f}/s",
+        *(
+            [
+                f"free alone (gold idle, C): {c['free_statuses']} of {c['free_sent']} sent;"
+                f" served {c['free_served_per_s']:.2f}/s"
+            ]
+            if (c := res["phases"].get("C"))
+            else []
+        ),
         f"every request has an outcome: {res['nothing_lost']}"
         f" ({res['requests_with_outcome']}/{res['requests_sent']}, client errors {res['client_errors']});"
         f" load generator CPU {res['loadgen_cpu_s']:.1f} s",
@@ -851,11 +961,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--no-engine-priority", action="store_true", help="do not forward gold's class to the engines"
     )
+    ap.add_argument("--config", default=None, help="a fleetgate config whose gateway starts its engines")
+    ap.add_argument("--gold-key", default=GOLD_KEY)
+    ap.add_argument("--free-key", default=FREE_KEY)
+    ap.add_argument("--gold-rate", type=float, default=None, help="gold's requests per second")
+    ap.add_argument("--gold-max-tokens", type=int, default=BenchParams.gold_max_tokens)
+    ap.add_argument("--flood-concurrency", type=int, default=0, help="free as N closed-loop clients")
+    ap.add_argument("--free-stream", action="store_true", help="free's requests streamed")
+    ap.add_argument("--gold-idle-phase-s", type=float, default=0.0, help="phase C: free alone")
+    ap.add_argument(
+        "--latency-headroom", choices=("on", "off"), default=None,
+        help="admission.latency_headroom.enabled (default: the config's)",
+    )  # fmt: skip
+    ap.add_argument("--engine-priority-default", action="store_true",
+                    help="leave engine_priority to the config's default")  # fmt: skip
     ap.add_argument("--flood-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.flood_child is not None:  # internal: FloodProcess's child
-        out = _run_loop(flood_child(json.loads(args.flood_child)))
-        print(json.dumps(out), flush=True)
+        _run_loop(flood_child(json.loads(args.flood_child)))
         return 0
     p = BenchParams(
         engines=args.engines,
@@ -871,7 +994,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         free_max_tokens=args.free_max_tokens,
         seed=args.seed,
         flood_process=not args.same_process_flood,
-        engine_priority=not args.no_engine_priority,
+        engine_priority=(
+            False if args.no_engine_priority else None if args.engine_priority_default else True
+        ),
+        config=args.config,
+        gold_key=args.gold_key,
+        free_key=args.free_key,
+        gold_rate_per_s=args.gold_rate,
+        gold_max_tokens=args.gold_max_tokens,
+        flood_concurrency=args.flood_concurrency,
+        free_stream=args.free_stream,
+        gold_idle_phase_s=args.gold_idle_phase_s,
+        latency_headroom=None if args.latency_headroom is None else args.latency_headroom == "on",
     )
     with tempfile.TemporaryDirectory(prefix="fleetgate-nn-") as tmp:
         res = _run_loop(run_benchmark(p, Path(tmp)))

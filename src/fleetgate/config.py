@@ -21,10 +21,11 @@ from fleetgate.config_control import (
     Remediation,
     StaticProviderConfig,
 )
+from fleetgate.config_latency import LatencyHeadroomConfig
 from fleetgate.core.autoscale.registry import AutoscalerConfig
 from fleetgate.core.plugins import PluginParams, tagged_union
 from fleetgate.core.routing.registry import POLICIES
-from fleetgate.engines.dialects import EngineKind
+from fleetgate.engines.dialects import EngineKind, dialect
 
 ENV_PREFIX = "FLEETGATE__"
 
@@ -144,12 +145,14 @@ class DeploymentConfig(_Strict):
         description="Request field with the tenant's cache salt (vLLM: `cache_salt`); null for engines that "
         "reject unknown fields (their cache is then shared: docs/reliability.md).",
     )
-    engine_priority: bool = Field(
-        default=False,
+    engine_priority: bool | None = Field(
+        default=None,
         description="Forward the tenant's priority class to the engine's `priority` request field, in "
         "the engine's own order (vLLM: lower first, needs `--scheduling-policy priority`; SGLang: higher "
         "first, needs `--enable-priority-scheduling`; the simulated engine always honours it, llama.cpp "
-        "takes none). Health probes then carry the highest priority too.",
+        "takes none). Health probes then carry the highest priority too. Unset: on where the engine "
+        "honours it without a launch flag (`engine: sim`, and the local provider's default simulated "
+        "engine), off elsewhere (set true once vLLM/SGLang run with their flag).",
     )
 
     tokenizer: str | None = Field(
@@ -197,6 +200,20 @@ class DeploymentConfig(_Strict):
     @classmethod
     def _no_autoscaler(cls, value: Any) -> Any:
         return None if value == "none" else value
+
+    def engine_kind(self) -> EngineKind | None:
+        """`engine`, else `sim` for the local provider's default (simulated) engine; None: unknown."""
+        if self.engine is None and self.provider.kind == "local" and self.provider.command is None:
+            return "sim"
+        return self.engine
+
+    def sends_priority(self) -> bool:
+        """Whether requests carry the tenant's class in `priority` (`engine_priority`, unset: the dialect's
+        default: on where the engine honours it without a launch flag)."""
+        prio = dialect(self.engine_kind()).priority
+        if prio is None:
+            return False
+        return self.engine_priority if self.engine_priority is not None else not prio.needs_flag
 
     @model_validator(mode="after")
     def _unique_replicas(self) -> DeploymentConfig:
@@ -399,6 +416,7 @@ class AdmissionConfig(_Strict):
         default=0.8, gt=0, le=1, description="Best-effort admitted while the fleet is below this use."
     )
     fleet_burst_s: float = Field(default=2.0, ge=0, description="Burst of the fleet meter (s).")
+    latency_headroom: LatencyHeadroomConfig = Field(default_factory=LatencyHeadroomConfig)
 
     @field_validator("admin_api_keys", mode="before")
     @classmethod

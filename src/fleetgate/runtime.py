@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
+from fleetgate.admission.latency import headroom_params, wire_latency_headroom
 from fleetgate.autoscaler import AutoscalerLoop, AutoscalerMetrics, provider_counts
 from fleetgate.autoscaler.loop import DemandSource
 from fleetgate.capacity_loop import (
@@ -47,7 +48,6 @@ from fleetgate.core.lifecycle import LifecycleObserver, SortedOutputHistory
 from fleetgate.core.tokenize import PromptTokenizer
 from fleetgate.core.types import HealthState, RandomSource
 from fleetgate.engines.client import UpstreamClient
-from fleetgate.engines.dialects import dialect
 from fleetgate.engines.metrics import EngineSignals
 from fleetgate.engines.scraper import MetricsScraper, ScrapeObserver, ScrapeTarget
 from fleetgate.gateway.admission import Admission, OpenAdmission
@@ -218,8 +218,12 @@ def build_gateway(
     gw = cfg.gateway
     rng = rng if rng is not None else random.Random()
     history = SortedOutputHistory()  # one per fleet: a tenant's output lengths, whichever model served them
+    headroom = headroom_params(cfg.admission.latency_headroom)
     fleet = Fleet(
-        (build_deployment(d, history=history, observers=observers) for d in cfg.deployments),
+        (
+            build_deployment(d, history=history, observers=observers, headroom=headroom)
+            for d in cfg.deployments
+        ),
         tokenizer=PromptTokenizer.with_budget(gw.tokenizer_cache_mb),
     )
     client = UpstreamClient(connect_timeout_s=gw.connect_timeout_s)
@@ -227,6 +231,7 @@ def build_gateway(
     gate = admission if admission is not None else build_admission(cfg, metrics.registry)
     # best-effort follows the live fleet: health, scaling, the engines' own queues
     gate.use_replica_capacity(lambda m: fleet.deployments[m].snapshots() if m in fleet.deployments else None)
+    wire_latency_headroom(gate, fleet, metrics.registry, clock)  # ... and the latency the gateway measures
     images = build_images(cfg)
 
     # Built in dependency order; ``monitors`` is filled below, before anything runs (the scraper's observer
@@ -435,8 +440,8 @@ def _health_monitors(
 
         monitor = HealthMonitor(
             model=deployment.upstream_model,
-            dialect=dialect(deployment.config.engine),
-            engine_priority=deployment.config.engine_priority,
+            dialect=deployment.dialect,
+            engine_priority=deployment.sends_priority,
             policy=HealthPolicy(remediate=model in remediators),
             remediator=remediators.get(model),
             initial_state=HealthState.HEALTHY,

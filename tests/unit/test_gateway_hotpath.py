@@ -12,6 +12,7 @@ from fleetgate.config import DeploymentConfig
 from fleetgate.core.openai import parse_request
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.types import Priority
+from fleetgate.engines.dialects import dialect
 from fleetgate.gateway.fleet import Fleet
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.proxy import ENGINE_PRIORITY, Proxy, _uses_prefix_hashes
@@ -20,13 +21,22 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hi " * 40}], "st
 
 
 def _upstream(
-    engine_priority: bool | None, priority: Priority, engine: str | None = None
+    engine_priority: bool | None,
+    priority: Priority,
+    engine: str | None = None,
+    provider: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any] | None, bool]:
     config = DeploymentConfig.model_validate(
         {"model": "m", "engine": engine}
         | ({} if engine_priority is None else {"engine_priority": engine_priority})
+        | ({} if provider is None else {"provider": provider})
     )
-    deployment: Any = SimpleNamespace(upstream_model="m", config=config)
+    deployment: Any = SimpleNamespace(
+        upstream_model="m",
+        config=config,
+        sends_priority=config.sends_priority(),
+        dialect=dialect(config.engine_kind()),
+    )
     proxy: Any = SimpleNamespace(images=None, config=SimpleNamespace(stream_usage=False))
     parsed = parse_request(BODY, "chat")
     info = parsed.request_info("r1", priority=priority)
@@ -56,6 +66,20 @@ def test_engine_priority_in_each_dialects_order() -> None:
     assert _upstream(True, Priority.INTERACTIVE, "llamacpp") == (None, False)
     sim, _ = _upstream(True, Priority.INTERACTIVE, "sim")
     assert sim is not None and sim["priority"] == -10
+
+
+def test_engine_priority_default_on_where_no_launch_flag_is_needed() -> None:
+    """Unset ``engine_priority``: on for the simulated engine (``engine: sim``, or the local provider's
+    default engine), off where the engine needs a launch flag (vLLM, SGLang, unknown) or takes none."""
+    sim, _ = _upstream(None, Priority.BEST_EFFORT, "sim")
+    assert sim is not None and sim["priority"] == 10
+    local, _ = _upstream(None, Priority.INTERACTIVE, provider={"kind": "local", "replicas": 1})
+    assert local is not None and local["priority"] == -10
+    custom = {"kind": "local", "replicas": 1, "command": ["vllm", "serve", "{model}", "--port", "{port}"]}
+    assert _upstream(None, Priority.INTERACTIVE, provider=custom) == (None, False)
+    for engine in ("vllm", "sglang", "llamacpp", None):
+        assert _upstream(None, Priority.INTERACTIVE, engine) == (None, False)
+    assert _upstream(False, Priority.INTERACTIVE, "sim") == (None, False)  # an explicit false wins
 
 
 def test_prefix_hashes_only_for_policies_that_read_them() -> None:

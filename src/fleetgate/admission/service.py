@@ -25,7 +25,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -53,6 +53,7 @@ from fleetgate.core.admission import (
     Wake,
     estimated_tokens,
 )
+from fleetgate.core.admission.headroom import LatencyHeadroom
 from fleetgate.core.capacity import CapacityLedger, capacity_of
 from fleetgate.core.errors import FleetgateError, RateLimitError, ServiceUnavailableError
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage
@@ -144,6 +145,8 @@ class AdmissionService(AdmissionHooks):
         self.metrics.watch(lambda: self.machine.queued, lambda: self.store.available)
         self._capacity_of = capacity_of
         self._capacities: dict[str, float] = dict(capacities or {})
+        self._headroom_of: Callable[[str], LatencyHeadroom | None] | None = None
+        self._headroom_clock: Callable[[], float] = clock
         self._lock = asyncio.Lock()
         self._waiters: dict[int, asyncio.Future[Decision]] = {}
         self._wake = asyncio.Event()
@@ -265,17 +268,34 @@ class AdmissionService(AdmissionHooks):
 
         self._capacity_of = view
 
+    def use_latency_headroom(
+        self, headroom_of: Callable[[str], LatencyHeadroom | None], clock: Callable[[], float]
+    ) -> None:
+        """Hold best-effort beyond each deployment's latency-headroom limit (``core.admission.headroom``;
+        ``clock``: the one its lifecycle events are timed with) and report the headroom in the ledger."""
+        self._headroom_of = headroom_of
+        self._headroom_clock = clock
+
+    def _limited(self, model: str, view: CapacityView | None) -> CapacityView | None:
+        if view is None or self._headroom_of is None:
+            return view
+        headroom = self._headroom_of(model)
+        if headroom is None:
+            return view
+        limit = headroom.best_effort_limit(self._headroom_clock())
+        return view if limit is None else replace(view, best_effort_limit=limit)
+
     def set_capacity(self, model: str, capacity_mu_per_min: float) -> None:
         """Update a deployment's capacity (e.g. after scaling) when no ``capacity_of`` was given."""
         self._capacities[model] = capacity_mu_per_min
 
     def capacity(self, model: str) -> CapacityView | None:
         if self._capacity_of is not None:
-            return self._capacity_of(model)
+            return self._limited(model, self._capacity_of(model))
         cap = self._capacities.get(model)
         if cap is None:
             return None
-        return CapacityView(cap, self.directory.sold_mu_per_min(model))
+        return self._limited(model, CapacityView(cap, self.directory.sold_mu_per_min(model)))
 
     def _usage_key(self, limits: TenantLimits) -> str | None:
         if limits.unlimited:
@@ -629,9 +649,15 @@ class AdmissionService(AdmissionHooks):
                     "used_scope": "gateway" if fleet is None else "fleet",
                     "settled_requests_total": ledger.total_settled_requests,
                     "best_effort_max_utilization": self.settings.best_effort_max_utilization,
+                    "best_effort_in_flight": self.core.in_flight(model, Tier.BEST_EFFORT),
+                    "latency": self._latency_report(model),
                 }
             )
         return out
+
+    def _latency_report(self, model: str) -> dict[str, Any] | None:
+        headroom = None if self._headroom_of is None else self._headroom_of(model)
+        return None if headroom is None else headroom.report(self._headroom_clock())
 
     async def overview(self) -> dict[str, Any]:
         """Everything an admin sees: every tenant's usage, capacity, queue and store state."""

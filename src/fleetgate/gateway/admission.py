@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from fleetgate.core.admission.headroom import LatencyHeadroom
 from fleetgate.core.types import Priority, ReplicaSnapshot, RequestInfo, Usage
 
 
@@ -80,6 +81,10 @@ class Admission(Protocol):
         self, snapshots_of: Callable[[str], Iterable[ReplicaSnapshot] | None]
     ) -> None: ...
 
+    def use_latency_headroom(
+        self, headroom_of: Callable[[str], LatencyHeadroom | None], clock: Callable[[], float]
+    ) -> None: ...
+
     async def settle(
         self, ticket: Any, actual_mu: float, now: float, *, usage: Usage | None = None
     ) -> None: ...
@@ -122,6 +127,12 @@ class AdmissionHooks:
 
     def use_replica_capacity(self, snapshots_of: Callable[[str], Iterable[ReplicaSnapshot] | None]) -> None:
         """Take each deployment's capacity live from its replicas (no-op: capacity is not tracked)."""
+        return None
+
+    def use_latency_headroom(
+        self, headroom_of: Callable[[str], LatencyHeadroom | None], clock: Callable[[], float]
+    ) -> None:
+        """Hold best-effort beyond each deployment's latency-headroom limit (no-op: no tiers here)."""
         return None
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetgate.config import DeploymentConfig
+from fleetgate.core.admission.headroom import HeadroomParams, LatencyHeadroom
 from fleetgate.core.autoscale import DemandMeter
 from fleetgate.core.engine_rates import EngineRateLearner, LearnedRates
 from fleetgate.core.errors import NotFoundError
@@ -99,12 +100,16 @@ class Deployment:
         history: SortedOutputHistory | None = None,
         observers: Sequence[LifecycleObserver] = (),
         tokenizer: Tokenizer | None = None,
+        headroom: HeadroomParams | None = None,
     ) -> None:
         self.config = config
         #: the model's real tokenizer (``deployments[].tokenizer``), else the approximation is used; prefix
         #: blocks then follow the engine's KV block size where the dialect knows it
         self.tokenizer = tokenizer
-        kv_block = dialect(config.engine).kv_block_tokens
+        #: the replicas' engine dialect, and whether requests carry the tenant's class to it
+        self.dialect = dialect(config.engine_kind())
+        self.sends_priority = config.sends_priority()
+        kv_block = self.dialect.kv_block_tokens
         self.block_tokens = kv_block if tokenizer is not None and kv_block else DEFAULT_BLOCK_TOKENS
         self.model = config.model
         self.upstream_model = config.upstream_model or config.model
@@ -115,6 +120,8 @@ class Deployment:
         self.profile = profile
         #: each replica's prefill and decode rates learned online (a lifecycle observer; scraper counters)
         self.rates = EngineRateLearner(profile)
+        #: reserved and best-effort latency measured here, and the best-effort limit it allows (admission)
+        self.headroom = LatencyHeadroom(headroom)
         self.replicas: dict[str, ReplicaState] = {}
         self.lifecycle: Lifecycle[Any] = Lifecycle(
             policy,
@@ -122,7 +129,7 @@ class Deployment:
             snapshots=self.snapshots,
             history=history,
             demand=DemandMeter(window_s=config.demand_window_s),
-            observers=(*observers, self.rates),
+            observers=(*observers, self.rates, self.headroom),
         )
         #: ``gateway.gate.GateShell`` driving the lifecycle's dispatch gate (made by the proxy on first use)
         self.gate_shell: Any = None
@@ -167,13 +174,16 @@ def build_deployment(
     *,
     history: SortedOutputHistory | None = None,
     observers: Sequence[LifecycleObserver] = (),
+    headroom: HeadroomParams | None = None,
 ) -> Deployment:
     """A deployment with its cost profile loaded and its routing policy built by name, estimating with that
     profile (``history`` and ``observers``: see ``Deployment``)."""
     profile = deployment_profile(config)  # capacity_mu_per_min, else the profile's own
     policy = build_policy(config.routing.policy, config.routing.params, profile=profile)
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
-    return Deployment(config, policy, profile, history=history, observers=observers, tokenizer=tokenizer)
+    return Deployment(
+        config, policy, profile, history=history, observers=observers, tokenizer=tokenizer, headroom=headroom
+    )
 
 
 class Fleet:

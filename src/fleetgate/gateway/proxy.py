@@ -53,7 +53,6 @@ from fleetgate.core.openai import (
 )
 from fleetgate.core.types import Priority, RandomSource, RequestInfo
 from fleetgate.engines.client import UpstreamClient
-from fleetgate.engines.dialects import dialect
 from fleetgate.engines.dialects.base import LOW_FIRST
 from fleetgate.gateway.admission import (
     Admission,
@@ -80,7 +79,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetgate.gateway")
 
 #: Tenant class -> the request ``priority`` of vLLM-like engines (lower runs first); each engine's own
-#: table is its dialect's (``engines.dialects``), sent only for deployments with ``engine_priority: true``.
+#: table is its dialect's (``engines.dialects``), sent where ``DeploymentConfig.sends_priority()``.
 ENGINE_PRIORITY: Mapping[Priority, int] = LOW_FIRST
 
 #: Called after every attempt: (deployment, replica, ok, now). For the prober's evidence of progress.
@@ -291,9 +290,9 @@ class Proxy:
         if parsed.stream and not parsed.include_usage and self.config.stream_usage:
             body = with_stream_usage(body or parsed.body)
             strip = True
-        if info is not None and deployment.config.engine_priority:
+        if info is not None and deployment.sends_priority:
             # the tenant's class, never the client's own "priority" field (no queue jumping)
-            value = dialect(deployment.config.engine).request_priority(info.priority, True)
+            value = deployment.dialect.request_priority(info.priority, True)
             if value is not None:
                 body = {**(body or parsed.body), "priority": value}
         return (orjson.dumps(body) if body is not None else None), strip

@@ -80,6 +80,10 @@ class CapacityView:
     capacity_mu_per_min: float
     sold_mu_per_min: float = 0.0
     engines_saturated: bool = False
+    #: best-effort requests that may be in flight on the deployment now (``None``: no limit), from the
+    #: replicas' measured latency headroom (``core.admission.headroom``); beyond it best-effort is held
+    #: like ``engines_saturated``, reserved tenants never are
+    best_effort_limit: int | None = None
 
     @property
     def unsold_mu_per_min(self) -> float:

@@ -154,10 +154,17 @@ class PumpPass:
             self._pending.extend(Attempt(entry, t, charges) for t, charges in entry.plans[1])
 
     def _engines_saturated(self, a: Attempt) -> bool:
-        """A best-effort attempt while the engines queue is denied on the fleet meter without a store call
-        (as if that meter were full), for ``SATURATED_RETRY_S``: by then a new scrape may show a free slot."""
+        """A best-effort attempt while the engines queue, or while the deployment's best-effort limit
+        (``CapacityView.best_effort_limit``, the latency headroom) is reached, is denied on the fleet meter
+        without a store call (as if that meter were full), for ``SATURATED_RETRY_S``: by then a new scrape
+        may show a free slot, or a request may have finished."""
         cap = self.capacity(a.entry.request.model)
-        if cap is None or not cap.engines_saturated:
+        if cap is None:
+            return False
+        if not cap.engines_saturated and (
+            cap.best_effort_limit is None
+            or self.core.in_flight(a.entry.request.model, Tier.BEST_EFFORT) < cap.best_effort_limit
+        ):
             return False
         fleet = [c.key for c in a.charges if c.kind == ChargeKind.FLEET and c.enforce]
         if not fleet:
@@ -248,6 +255,12 @@ class AdmissionCore:
         # The last full pass that stopped early: (its id, blocked meters, their states). Queued entries it
         # did not reach (``seen_pass`` older) get its skip notes when they are next needed (materialize).
         self._lazy: tuple[int, dict[str, float], dict[str, BucketState]] | None = None
+        # (deployment, tier) -> admitted and not yet settled (the best-effort limit counts against it)
+        self._in_flight: dict[tuple[str, Tier], int] = {}
+
+    def in_flight(self, model: str, tier: Tier) -> int:
+        """Requests of ``tier`` admitted to ``model`` and not settled or released yet."""
+        return self._in_flight.get((model, tier), 0)
 
     @property
     def vtc(self) -> VirtualTokenCounters:
@@ -489,6 +502,8 @@ class AdmissionCore:
         self.queue.remove(entry)
         self.invalidate()
         self.vtc.charge(entry.priority, entry.tenant.name, entry.request.cost_mu, entry.tenant.weight)
+        key = (entry.request.model, attempt.tier)
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
         entry.decision = Decision(
             True,
             0.0,
@@ -523,6 +538,13 @@ class AdmissionCore:
     ) -> None:
         """Correct the fairness counter by ``actual - estimate`` (and note that meters were refunded)."""
         self.invalidate()
+        key = (request.model, decision.tier) if decision.tier is not None else None
+        if key is not None and key in self._in_flight:
+            left = self._in_flight[key] - 1
+            if left > 0:
+                self._in_flight[key] = left
+            else:
+                del self._in_flight[key]
         prio = request_priority(tenant, request)
         self.vtc.charge(prio, tenant.name, actual_mu - request.cost_mu, tenant.weight)
 

@@ -1,0 +1,293 @@
+"""Latency headroom: best-effort work is admitted only while reserved traffic keeps its measured latency.
+
+The MU meters say whether a deployment has *capacity* left; they cannot see that a replica whose batch is
+full of best-effort decodes serves a reserved tenant's prompt more slowly (every decode step is longer).
+``LatencyHeadroom`` measures that directly, from the gateway's own observations of each request (a
+lifecycle observer: first-token and completion times, never engine or simulator internals), and turns it
+into one number the admission core enforces: how many best-effort requests may be in flight on the
+deployment (``best_effort_limit``; ``None``: no limit).
+
+Signals, per tenant class (``reserved``: every class but best-effort; ``best_effort``)
+    TTFT: first content chunk minus arrival (streamed), or the whole response (not streamed: the time to
+    its first byte). OTPS: output tokens after the first divided by the time after the first (streamed,
+    two tokens or more), one sample per stream.
+
+Targets
+    Reserved: TTFT p95 and OTPS p10 within ``tolerance`` (10 %) of what reserved requests get *solo*,
+    learned online from the samples of requests during which no best-effort request was on the engines
+    (``baseline``), unless the config gives absolute targets. Best-effort: absolute targets when configured
+    (none by default: best-effort promises no latency); they are measured and reported, not enforced.
+
+Headroom
+    In units of the tolerance: ``(target - observed) / (tolerance * reference)`` for TTFT (``reference``:
+    the solo baseline, or the absolute target), the mirror for OTPS. 1 means "as fast as solo", 0 "at the
+    target", negative "beyond it". The ledger reports it for p95 TTFT / p10 OTPS over the recent samples;
+    the controller uses a steadier statistic of the samples since its last change (p75 TTFT, p25 OTPS).
+
+Controller (an AIMD limit with a dead band, so admission does not oscillate)
+    While no reserved request has been on the deployment for ``active_s``: no limit (best-effort gets the
+    whole idle fleet, as far as the MU meters allow). While reserved traffic is active: the limit starts
+    at 0 until ``min_samples`` solo samples give a baseline, then, each time ``min_samples`` reserved
+    samples arrived since the last change: headroom < ``close_headroom`` on either signal -> halve it;
+    headroom >= ``open_headroom`` on both (each with its samples) and the limit binds -> grow it by a
+    quarter (at least 1); in between -> keep it. Only samples
+    of requests that arrived after a change judge it, so one slow burst is not counted twice.
+
+Pure: time comes in with every event; O(1) per event except the decision, a sort of at most
+``4 * min_samples`` numbers once per reserved sample while it waits for a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetgate.core.types import Priority, RequestInfo, Usage
+
+RESERVED = "reserved"
+BEST_EFFORT = "best_effort"
+
+
+@dataclass(frozen=True, slots=True)
+class ClassTargets:
+    """Latency targets of one tenant class; ``None``: learned (reserved) or none (best-effort)."""
+
+    ttft_p95_s: float | None = None
+    otps_p10: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HeadroomParams:
+    """Knobs of ``LatencyHeadroom`` (config: ``admission.latency_headroom``)."""
+
+    enabled: bool = True
+    reserved: ClassTargets = field(default_factory=ClassTargets)
+    best_effort: ClassTargets = field(default_factory=ClassTargets)
+    tolerance: float = 0.10
+    open_headroom: float = 0.5
+    close_headroom: float = 0.2
+    min_samples: int = 8
+    baseline_samples: int = 200
+    window_samples: int = 200
+    active_s: float = 5.0
+    max_limit: int = 100_000
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Nearest-rank quantile of a non-empty list (sorted here)."""
+    xs = sorted(values)
+    return xs[max(0, min(len(xs) - 1, math.ceil(q * len(xs)) - 1))]
+
+
+@dataclass(slots=True)
+class _Signal:
+    """Recent samples of one quantity of one class, and the solo baseline (reserved only)."""
+
+    higher_is_better: bool
+    recent: deque[float]
+    baseline: deque[float]
+    since: deque[float]  # samples of requests that arrived after the controller's last change
+
+
+def _signal(higher_is_better: bool, p: HeadroomParams) -> _Signal:
+    return _Signal(
+        higher_is_better,
+        deque(maxlen=p.window_samples),
+        deque(maxlen=p.baseline_samples),
+        deque(maxlen=4 * p.min_samples),
+    )
+
+
+class LatencyHeadroom:
+    """One deployment's latency headroom and best-effort limit (see the module docstring).
+
+    A ``core.lifecycle`` observer: give it to the deployment's ``Lifecycle``; read ``best_effort_limit``
+    when admission needs it and ``report`` for the ledger.
+    """
+
+    def __init__(self, params: HeadroomParams | None = None) -> None:
+        self.params = p = params or HeadroomParams()
+        self._signals = {
+            (RESERVED, "ttft"): _signal(False, p),
+            (RESERVED, "otps"): _signal(True, p),
+            (BEST_EFFORT, "ttft"): _signal(False, p),
+            (BEST_EFFORT, "otps"): _signal(True, p),
+        }
+        self._first: dict[str, float] = {}  # request id -> first token time (streamed, in flight)
+        self.best_effort_on_engines = 0  # best-effort attempts dispatched and not complete
+        self.reserved_on_engines = 0
+        self._be_idle_since = -math.inf  # no best-effort on the engines since then (inf: busy now)
+        self._reserved_seen_s = -math.inf  # last reserved dispatch or completion
+        self.limit = 0
+        self.changed_s = -math.inf
+        self.decisions = {"grow": 0, "cut": 0}
+        self.last_headroom: float | None = None
+
+    # -- lifecycle events ---------------------------------------------------------------------------------
+    def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
+        if request.priority == Priority.PROBE:
+            return
+        if request.priority == Priority.BEST_EFFORT:
+            self.best_effort_on_engines += 1
+            self._be_idle_since = math.inf
+        else:
+            self.reserved_on_engines += 1
+            self._reserved_seen_s = now
+
+    def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
+        if request.priority == Priority.PROBE:
+            return
+        self._first[request.request_id] = now
+        self._sample(request, "ttft", now - request.arrival_s, request.arrival_s, now)
+
+    def on_complete(
+        self, request: RequestInfo, replica: str, now: float, usage: Usage | None, cost_mu: float, ok: bool
+    ) -> None:
+        if request.priority == Priority.PROBE:
+            return
+        first = self._first.pop(request.request_id, None)
+        if request.priority == Priority.BEST_EFFORT:
+            self.best_effort_on_engines = max(0, self.best_effort_on_engines - 1)
+            if self.best_effort_on_engines == 0:
+                self._be_idle_since = now
+        else:
+            self.reserved_on_engines = max(0, self.reserved_on_engines - 1)
+            self._reserved_seen_s = now
+        if not ok:
+            return
+        if not request.stream:
+            self._sample(request, "ttft", now - request.arrival_s, request.arrival_s, now)
+        elif first is not None and usage is not None and usage.completion_tokens >= 2 and now > first:
+            self._sample(request, "otps", (usage.completion_tokens - 1) / (now - first), first, now)
+
+    # -- admission's question -----------------------------------------------------------------------------
+    def reserved_active(self, now: float) -> bool:
+        return self.reserved_on_engines > 0 or now - self._reserved_seen_s <= self.params.active_s
+
+    def best_effort_limit(self, now: float) -> int | None:
+        """Best-effort requests that may be in flight on the deployment now (``None``: no limit)."""
+        if not self.params.enabled or not self.reserved_active(now):
+            return None
+        return self.limit
+
+    # -- internals ----------------------------------------------------------------------------------------
+    def _sample(self, request: RequestInfo, kind: str, value: float, started: float, now: float) -> None:
+        if value < 0 or not math.isfinite(value):
+            return
+        cls = BEST_EFFORT if request.priority == Priority.BEST_EFFORT else RESERVED
+        sig = self._signals[(cls, kind)]
+        sig.recent.append(value)
+        if cls != RESERVED:
+            return
+        if self.best_effort_on_engines == 0 and self._be_idle_since <= started:
+            sig.baseline.append(value)  # solo: no best-effort on the engines for the whole request
+        if started >= self.changed_s:
+            sig.since.append(value)
+            self._decide(now)
+
+    def _reference(self, kind: str, cls: str = RESERVED) -> tuple[float, float] | None:
+        """(target, reference) of a signal: absolute when configured, else learned from the baseline."""
+        targets = self.params.reserved if cls == RESERVED else self.params.best_effort
+        tol = self.params.tolerance
+        fixed = targets.ttft_p95_s if kind == "ttft" else targets.otps_p10
+        if fixed is not None:
+            return fixed, fixed
+        if cls != RESERVED:
+            return None
+        base = self._signals[(cls, kind)].baseline
+        if len(base) < self.params.min_samples:
+            return None
+        ref = quantile(list(base), 0.95 if kind == "ttft" else 0.10)
+        return (ref * (1 + tol) if kind == "ttft" else ref * (1 - tol)), ref
+
+    def _headroom_of(self, kind: str, observed: float, target: float, ref: float) -> float:
+        span = self.params.tolerance * ref
+        if span <= 0:
+            return math.inf
+        return (target - observed) / span if kind == "ttft" else (observed - target) / span
+
+    def _control_headroom(self) -> tuple[float | None, bool]:
+        """Headroom of the samples since the last change (the worse of TTFT and OTPS; None: no verdict
+        yet), and whether a signal still waits for its ``min_samples``."""
+        worst: float | None = None
+        pending = False
+        n = self.params.min_samples
+        for kind in ("ttft", "otps"):
+            sig = self._signals[(RESERVED, kind)]
+            if len(sig.since) < n:
+                pending = pending or bool(sig.since)
+                continue
+            targets = self._reference(kind)
+            if targets is None:
+                continue
+            target, ref = targets
+            # the same shift applied to a steadier quantile of the few samples since the change
+            fixed = self.params.reserved.ttft_p95_s if kind == "ttft" else self.params.reserved.otps_p10
+            q = 0.75 if kind == "ttft" else 0.25
+            observed = quantile(list(sig.since), q)
+            if fixed is None:  # learned: compare like with like (the baseline's same quantile)
+                ref = quantile(list(sig.baseline), q)
+                tol = self.params.tolerance
+                target = ref * (1 + tol) if kind == "ttft" else ref * (1 - tol)
+            h = self._headroom_of(kind, observed, target, ref)
+            worst = h if worst is None else min(worst, h)
+        return worst, pending
+
+    def _decide(self, now: float) -> None:
+        h, pending = self._control_headroom()
+        if h is None:
+            return
+        self.last_headroom = h
+        p = self.params
+        if h < p.close_headroom:  # either signal alone may cut
+            new = self.limit // 2
+            self.decisions["cut"] += 1
+        elif not pending and h >= p.open_headroom and self.best_effort_on_engines >= self.limit:
+            new = min(p.max_limit, self.limit + max(1, self.limit // 4))
+            self.decisions["grow"] += 1
+        else:
+            return  # in the dead band, or the limit does not bind: keep it, keep collecting
+        self.limit = new
+        self.changed_s = now
+        for sig in self._signals.values():
+            sig.since.clear()
+
+    # -- the ledger ---------------------------------------------------------------------------------------
+    def report(self, now: float) -> dict[str, Any]:
+        """Per class: observed TTFT p95 and OTPS p10 over the recent samples, their targets and headroom;
+        the best-effort limit and what is on the engines (JSON-ready)."""
+        classes: dict[str, Any] = {}
+        for cls in (RESERVED, BEST_EFFORT):
+            row: dict[str, Any] = {}
+            for kind, q, name in (("ttft", 0.95, "ttft_p95_s"), ("otps", 0.10, "otps_p10")):
+                sig = self._signals[(cls, kind)]
+                observed = quantile(list(sig.recent), q) if sig.recent else None
+                targets = self._reference(kind, cls)
+                row[name] = observed
+                row[f"{name}_target"] = None if targets is None else targets[0]
+                if cls == RESERVED:
+                    row[f"{name}_solo"] = None if targets is None or self._fixed(kind) else targets[1]
+                row[f"{kind}_headroom"] = (
+                    None
+                    if observed is None or targets is None
+                    else self._headroom_of(kind, observed, targets[0], targets[1])
+                )
+                row[f"{kind}_samples"] = len(sig.recent)
+            classes[cls] = row
+        limit = self.best_effort_limit(now)
+        return {
+            "enabled": self.params.enabled,
+            "reserved_active": self.reserved_active(now),
+            "best_effort_limit": limit,
+            "best_effort_on_engines": self.best_effort_on_engines,
+            "reserved_on_engines": self.reserved_on_engines,
+            "control_headroom": self.last_headroom,
+            "decisions": dict(self.decisions),
+            "classes": classes,
+        }
+
+    def _fixed(self, kind: str) -> bool:
+        t = self.params.reserved
+        return (t.ttft_p95_s if kind == "ttft" else t.otps_p10) is not None
