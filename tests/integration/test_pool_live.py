@@ -62,7 +62,7 @@ def _p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
-def _config(tmp_path: Path) -> Path:
+def _config(tmp_path: Path, b_autoscaler: dict[str, Any] | None = None, b_replicas: int = 3) -> Path:
     profile = load_profile("fleetgate-sim").to_dict()
     capacity = 100.0 / TIME_SCALE  # MU/min one slowed replica serves
     profile.update(name="fleetgate-sim-slow", capacity_mu_per_min=capacity)
@@ -93,8 +93,8 @@ def _config(tmp_path: Path) -> Path:
                 "pool": "gpus",
                 "engine": "sim",
                 "cost_profile": str(tmp_path / "slow.json"),
-                "provider": {**engine, "replicas": 3},
-                "autoscaler": {"policy": "static", "replicas": 3},
+                "provider": {**engine, "replicas": b_replicas},
+                "autoscaler": b_autoscaler or {"policy": "static", "replicas": 3},
             },
         ],
         "tenants": [
@@ -118,6 +118,18 @@ def _config(tmp_path: Path) -> Path:
     path = tmp_path / "pool.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+async def _gauges(session: aiohttp.ClientSession, url: str) -> dict[str, float | None]:
+    async with session.get(url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}) as r:
+        text = "\n".join(ln for ln in (await r.text()).splitlines() if ln.startswith("fleetgate_pool_"))
+    out = {"used": _sample(text, "fleetgate_pool_gpus_used", pool="gpus")}
+    for dep, key in ((A, "a"), (B, "b")):
+        for name in ("held", "lent", "demand"):
+            out[f"{name}_{key}"] = _sample(
+                text, f"fleetgate_pool_{name}_replicas", pool="gpus", deployment=dep
+            )
+    return out
 
 
 class Client:
@@ -304,5 +316,62 @@ async def test_a_reserved_burst_reclaims_a_best_effort_replica_losing_nothing(
             f"{ra.refused} refused of {ra.sent}"
         )
         assert p_after <= 1.10 * p_before, (p_before, p_after)
+    finally:
+        gw.kill()
+
+
+async def test_idle_gpus_are_lent_and_taken_back_drained_losing_nothing(tools: Any, tmp_path: Path) -> None:
+    """Lending live: the same pool of 4 GPUs, A and B each wanting one replica (B scales too now, up to 3).
+    The 2 idle GPUs run one lent replica each (A 2, B 2). Then A needs 3: its reserved tenant buys three
+    replicas' worth at run time (``PUT /admin/tenants/ra/reservations``; a floor is a need the allocator
+    meets at once, deterministic where a burst's demand on a shared 2-core machine is not). B's lent replica
+    is drained at once (no reclaim wait: it backed nothing), every request of B's tenants and of A's
+    through the drain is answered, A's lent replica counts as its own and A starts a third into B's freed
+    GPU; the pool is never above 4 GPUs."""
+    b_scaler = {"policy": "fleetgate", "min_replicas": 1, "max_replicas": 3, "scale_down_delay_s": 600.0}
+    config = _config(tmp_path, b_autoscaler=b_scaler, b_replicas=1)
+    gw = tools.ServerProcess([tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(config)], name="lend")
+    history: list[tuple[float, dict[str, float | None]]] = []
+    try:
+        url = gw.wait_ready(90)
+        rb, be, ra = Client(url, "rb", RB_BODY), Client(url, "be", BE_BODY), Client(url, "ra", RA_BODY)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+
+            async def until(cond: Any, timeout_s: float) -> dict[str, float | None]:
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < timeout_s:
+                    history.append((time.monotonic(), await _gauges(session, url)))
+                    if cond(history[-1][1]):
+                        return history[-1][1]
+                    await asyncio.sleep(0.25)
+                raise AssertionError(f"not reached in {timeout_s} s: {history[-1]}\n{gw.output[-3000:]}")
+
+            await until(lambda g: (g["held_a"], g["held_b"], g["lent_a"], g["lent_b"]) == (2, 2, 1, 1), 40.0)
+            stop_b, stop_a = asyncio.Event(), asyncio.Event()
+            b_traffic = [  # light: B's own replica serves it, B keeps wanting one
+                asyncio.create_task(rb.closed_loop(session, 1.0, stop_b)),
+                asyncio.create_task(be.open_loop(session, 1.0, stop_b)),
+            ]
+            burst = asyncio.create_task(ra.closed_loop(session, 1.0, stop_a))
+            await asyncio.sleep(2.0)
+            three = 3 * 0.7 * 100.0 / TIME_SCALE
+            async with session.put(
+                url + "/admin/tenants/ra/reservations",
+                json={A: three},
+                headers={"Authorization": f"Bearer {ADMIN}"},
+            ) as r:
+                assert r.status == 200, await r.text()
+            # B's lent replica drained, A at 3 (its lent one now backs demand, one more started)
+            final = await until(lambda g: g["held_a"] == 3 and g["held_b"] == 1 and g["used"] == 4, 60.0)
+            stop_a.set()
+            await asyncio.sleep(2.0)  # B's requests keep going after the drain
+            stop_b.set()
+            await asyncio.gather(*b_traffic, burst)
+        assert final["lent_b"] == 0 and final["lent_a"] == 0
+        assert max(m["used"] or 0 for _, m in history) <= 4, history
+        assert rb.failed == [] and be.failed == [] and ra.failed == [], (rb.failed, be.failed, ra.failed)
+        assert rb.refused == 0 and be.ok == be.sent and rb.ok > 5 and be.ok > 5 and ra.ok == ra.sent > 2
+        drained = [ln for ln in gw.lines if "chat-b" in ln and "2 -> 1" in ln]
+        assert drained, gw.output[-3000:]  # the pool loop's own account: B scaled 2 -> 1 (a drain)
     finally:
         gw.kill()
