@@ -25,7 +25,7 @@ from fleetgate.config_latency import LatencyHeadroomConfig
 from fleetgate.core.autoscale.registry import AutoscalerConfig
 from fleetgate.core.plugins import PluginParams, tagged_union
 from fleetgate.core.routing.registry import POLICIES
-from fleetgate.engines.dialects import EngineKind, dialect
+from fleetgate.engines.dialects import EngineKind
 
 ENV_PREFIX = "FLEETGATE__"
 
@@ -200,20 +200,6 @@ class DeploymentConfig(_Strict):
     @classmethod
     def _no_autoscaler(cls, value: Any) -> Any:
         return None if value == "none" else value
-
-    def engine_kind(self) -> EngineKind | None:
-        """`engine`, else `sim` for the local provider's default (simulated) engine; None: unknown."""
-        if self.engine is None and self.provider.kind == "local" and self.provider.command is None:
-            return "sim"
-        return self.engine
-
-    def sends_priority(self) -> bool:
-        """Whether requests carry the tenant's class in `priority` (`engine_priority`, unset: the dialect's
-        default: on where the engine honours it without a launch flag)."""
-        prio = dialect(self.engine_kind()).priority
-        if prio is None:
-            return False
-        return self.engine_priority if self.engine_priority is not None else not prio.needs_flag
 
     @model_validator(mode="after")
     def _unique_replicas(self) -> DeploymentConfig:

@@ -218,12 +218,9 @@ def build_gateway(
     gw = cfg.gateway
     rng = rng if rng is not None else random.Random()
     history = SortedOutputHistory()  # one per fleet: a tenant's output lengths, whichever model served them
-    headroom = headroom_params(cfg.admission.latency_headroom)
+    hp = headroom_params(cfg.admission.latency_headroom)
     fleet = Fleet(
-        (
-            build_deployment(d, history=history, observers=observers, headroom=headroom)
-            for d in cfg.deployments
-        ),
+        (build_deployment(d, history=history, observers=observers, headroom=hp) for d in cfg.deployments),
         tokenizer=PromptTokenizer.with_budget(gw.tokenizer_cache_mb),
     )
     client = UpstreamClient(connect_timeout_s=gw.connect_timeout_s)

@@ -13,7 +13,7 @@ from fleetgate.core.openai import parse_request
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.types import Priority
 from fleetgate.engines.dialects import dialect
-from fleetgate.gateway.fleet import Fleet
+from fleetgate.gateway.fleet import Fleet, engine_kind, sends_priority
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.proxy import ENGINE_PRIORITY, Proxy, _uses_prefix_hashes
 
@@ -34,8 +34,8 @@ def _upstream(
     deployment: Any = SimpleNamespace(
         upstream_model="m",
         config=config,
-        sends_priority=config.sends_priority(),
-        dialect=dialect(config.engine_kind()),
+        sends_priority=sends_priority(config),
+        dialect=dialect(engine_kind(config)),
     )
     proxy: Any = SimpleNamespace(images=None, config=SimpleNamespace(stream_usage=False))
     parsed = parse_request(BODY, "chat")

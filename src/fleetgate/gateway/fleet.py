@@ -25,7 +25,7 @@ from fleetgate.core.tokenize import PromptTokenizer
 from fleetgate.core.tokenizer import Tokenizer
 from fleetgate.core.types import HealthState, RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
 from fleetgate.core.units import CostProfile
-from fleetgate.engines.dialects import dialect
+from fleetgate.engines.dialects import EngineKind, dialect
 from fleetgate.engines.metrics import EngineSignals
 from fleetgate.hf_tokenizer import load_tokenizer
 from fleetgate.profiles import deployment_profile
@@ -83,6 +83,22 @@ class ReplicaState(ReplicaLoad):
                 wake()
 
 
+def engine_kind(config: DeploymentConfig) -> EngineKind | None:
+    """`engine`, else `sim` for the local provider's default (simulated) engine; None: unknown."""
+    if config.engine is None and config.provider.kind == "local" and config.provider.command is None:
+        return "sim"
+    return config.engine
+
+
+def sends_priority(config: DeploymentConfig) -> bool:
+    """Whether requests carry the tenant's class in `priority`: `engine_priority`, and where it is unset
+    the dialect's default (on where the engine honours it without a launch flag)."""
+    prio = dialect(engine_kind(config)).priority
+    if prio is None:
+        return False
+    return config.engine_priority if config.engine_priority is not None else not prio.needs_flag
+
+
 class Deployment:
     """A model served by a set of replicas, with its routing policy, cost profile and request lifecycle.
 
@@ -107,8 +123,8 @@ class Deployment:
         #: blocks then follow the engine's KV block size where the dialect knows it
         self.tokenizer = tokenizer
         #: the replicas' engine dialect, and whether requests carry the tenant's class to it
-        self.dialect = dialect(config.engine_kind())
-        self.sends_priority = config.sends_priority()
+        self.dialect = dialect(engine_kind(config))
+        self.sends_priority = sends_priority(config)
         kv_block = self.dialect.kv_block_tokens
         self.block_tokens = kv_block if tokenizer is not None and kv_block else DEFAULT_BLOCK_TOKENS
         self.model = config.model

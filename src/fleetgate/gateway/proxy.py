@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetgate.gateway")
 
 #: Tenant class -> the request ``priority`` of vLLM-like engines (lower runs first); each engine's own
-#: table is its dialect's (``engines.dialects``), sent where ``DeploymentConfig.sends_priority()``.
+#: table is its dialect's (``engines.dialects``), sent where ``fleet.sends_priority``.
 ENGINE_PRIORITY: Mapping[Priority, int] = LOW_FIRST
 
 #: Called after every attempt: (deployment, replica, ok, now). For the prober's evidence of progress.
