@@ -2,18 +2,24 @@
 
 - ``SortedOutputHistory`` answers like ``core.units.OutputHistory`` (window, minimum, tenant eviction);
 - ``frozen_builder`` objects equal the dataclass's own (classes it cannot build fall back to ``__init__``);
+- the dispatch gate's backlog (one pass over the snapshots) answers like the routable filter plus a scan;
 - the engine model's macro *rebase* (a partly applied decode run continues without replanning) gives
   bit-identical times to replanning, and the KV block bookkeeping that the fast paths rely on holds.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
 import pytest
 
 from fleetgate.core.lifecycle import SortedOutputHistory
+from fleetgate.core.routing import build_policy
+from fleetgate.core.routing.filters.routable import routable
+from fleetgate.core.routing.fleetgate import FleetgatePolicy
+from fleetgate.core.routing.pipeline import PickContext
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo, Usage
 from fleetgate.core.units import OutputHistory
 from fleetgate.sim.entities import engine_request, frozen_builder, request_info
@@ -150,3 +156,63 @@ def test_macro_rebase_is_bit_identical_to_replanning(seed: int, kv: int) -> None
     assert fast_counts[2] > 50
     if kv <= 1024:
         assert fast_counts[1] > 0  # small KV caches preempt: those paths are covered too
+
+
+def _backlog_reference(policy: FleetgatePolicy, replicas: list[ReplicaSnapshot], now: float) -> float:
+    """The gate's backlog as first written: the routable filter (detector included), then a whole scan."""
+    best = math.inf
+    for r in routable(replicas, PickContext(now, None, frozenset()), policy.outliers):
+        if r.inflight_requests == 0:
+            return 0.0
+        st = policy.loads.reps.get(r.name)
+        left = 0.0 if st is None else st[1] - now
+        if left < best:
+            best = left if left > 0.0 else 0.0
+    return best
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_gate_backlog_one_pass_matches_filter_then_scan(seed: int) -> None:
+    """``FleetgatePolicy.backlog_s`` (one pass, stops at the first idle or drained replica) answers like the
+    routable filter followed by a scan, and leaves the outlier detector in the same state (its ``allows``
+    moves an expired ejection to half-open)."""
+    rng = random.Random(seed)
+    names = [f"r{i}" for i in range(12)]
+    fast = build_policy("fleetgate", {"gate": "on"})
+    ref = build_policy("fleetgate", {"gate": "on"})
+    assert isinstance(fast, FleetgatePolicy) and isinstance(ref, FleetgatePolicy)
+    assert fast.outliers is not None and ref.outliers is not None
+    healths = [HealthState.HEALTHY] * 6 + [HealthState.SUSPECT, HealthState.UNHEALTHY, HealthState.STARTING]
+    now = 0.0
+    blocked = 0
+    for step in range(600):
+        now += rng.random() * 0.4
+        for _ in range(3):  # outcomes: r0-r3 fail mostly (ejected, then half-open after expiry)
+            name = rng.choice(names)
+            ok = rng.random() < (0.1 if name < "r4" else 0.9)
+            fast.outliers.record(name, ok, now)
+            ref.outliers.record(name, ok, now)
+        blocked += bool(fast.outliers.blocking)
+        if rng.random() < 0.5:  # a queue that ends before or after now (or none yet)
+            end = now + rng.uniform(-1.0, 3.0)
+            fast.loads.reps[name] = [0.0, end]
+            ref.loads.reps[name] = [0.0, end]
+        snaps = [
+            ReplicaSnapshot(
+                name=n,
+                url=f"http://127.0.0.1:1/{n}",
+                health=rng.choice(healths),
+                draining=rng.random() < 0.1,
+                ejected_until_s=now + 1.0 if rng.random() < 0.1 else 0.0,
+                inflight_requests=0 if rng.random() < 0.05 else rng.randint(1, 9),
+            )
+            for n in names
+            if rng.random() < 0.9
+        ]
+        assert fast.backlog_s(snaps, now) == _backlog_reference(ref, snaps, now), step
+        # (the breakers' own fields: ``state()`` reads an expired ejection as half-open either way)
+        assert {n: (b.state, b.trials_in_flight) for n, b in fast.outliers._replicas.items()} == {
+            n: (b.state, b.trials_in_flight) for n, b in ref.outliers._replicas.items()
+        }
+        assert fast.outliers.blocking.keys() == ref.outliers.blocking.keys()
+    assert blocked > 100  # the detector's path was taken

@@ -152,9 +152,12 @@ class FleetgatePolicy(PolicyBase):
         0 while the gate is not active. Drives the gate."""
         if not self.gate_active:
             return 0.0
-        lst = replicas if isinstance(replicas, list) else list(replicas)
-        cands = routable(lst, PickContext(now, None, frozenset()), self.outliers)  # type: ignore[arg-type]
-        return self.estimate.backlog_s(cands, now)
+        outliers = self.outliers
+        if outliers is not None and outliers.blocking:
+            # The detector's ``allows`` can move an expired ejection to half-open: ask as ``routable`` does.
+            lst = replicas if isinstance(replicas, list) else list(replicas)
+            replicas = routable(lst, PickContext(now, None, frozenset()), outliers)  # type: ignore[arg-type]
+        return self.estimate.backlog_s(replicas, now)
 
     def gate_prefill_s(self, request: RequestInfo) -> float:
         """The request's prefill seconds on the replica expected to hold most of its prompt (the gate's

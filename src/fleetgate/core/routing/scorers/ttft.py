@@ -21,6 +21,7 @@ per replica, and first-token feedback. As a plain pipeline scorer (``least_reque
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from typing import Literal
 
@@ -31,8 +32,11 @@ from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.routing.prefix_index import PrefixIndex
 from fleetgate.core.routing.rates import ReplicaLoads
 from fleetgate.core.routing.scorers.normalize import lower_is_better
-from fleetgate.core.types import ReplicaSnapshot, RequestInfo
+from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
 from fleetgate.core.units import CostProfile
+
+_HEALTHY = HealthState.HEALTHY
+_SUSPECT = HealthState.SUSPECT
 
 Switch = Literal["auto", "on", "off"]
 
@@ -265,19 +269,32 @@ class TtftEstimate(StageBase):
         tps = self.prefill_tps or replica.learned_prefill_tokens_per_s
         self.memo = (request, replica.name, pre_mu, cap, self.prefill_s(request, pre_mu, cap, tps))
 
-    def backlog_s(self, replicas: list[ReplicaSnapshot], now: float) -> float:
-        """Seconds until the least-loaded of ``replicas`` has drained the prefill queued on it (0 for a
-        replica with nothing in flight, so a too-slow rate never holds a request while a replica idles);
-        ``inf`` for no replica."""
+    def backlog_s(self, replicas: Sequence[ReplicaSnapshot], now: float) -> float:
+        """Seconds until the least-loaded of the ``replicas`` that may take a request has drained the prefill
+        queued on it (0 for a replica with nothing in flight, so a too-slow rate never holds a request while a
+        replica idles); ``inf`` for no such replica.
+
+        "May take a request" is ``filters.routable``'s snapshot rule (healthy or suspect, not draining, not
+        ejected), checked inline: the gate asks at every arrival, and one pass that stops at the first replica
+        that is idle or has drained its queue (the answer is then 0) costs a fraction of filtering the list
+        first and scanning it whole (128 replicas in ``bench/sim_speed.py``).
+        The outlier detector's verdict is the caller's (``FleetgatePolicy.backlog_s``)."""
         reps = self.loads.reps
         best = math.inf
         for r in replicas:
+            h = r.health
+            if (h is not _HEALTHY and h is not _SUSPECT) or r.draining or r.ejected_until_s > now:
+                continue
             if r.inflight_requests == 0:
                 return 0.0  # nothing in flight there: idle, whatever the estimate says
             st = reps.get(r.name)
-            left = 0.0 if st is None else st[1] - now
+            if st is None:
+                return 0.0  # no queue known there
+            left = st[1] - now
+            if left <= 0.0:
+                return 0.0  # its queue has drained: nothing below 0 follows
             if left < best:
-                best = left if left > 0.0 else 0.0
+                best = left
         return best
 
     def gate_prefill_s(self, request: RequestInfo) -> float:
