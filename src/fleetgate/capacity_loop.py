@@ -36,6 +36,7 @@ from fleetgate.core.capacity import (
     floor_replicas,
 )
 from fleetgate.gateway.admission import Admission
+from fleetgate.periodic import Periodic
 from fleetgate.providers.base import ReplicaCounts, ReplicaProvider, ReplicaStatus
 
 log = logging.getLogger("fleetgate.capacity")
@@ -339,7 +340,7 @@ class PoolLoop:
         self.last: PoolView | None = None
         #: one point per decision, for the ``/ui`` picture: (time, capacity, sold, used MU/min, GPUs used)
         self.history: deque[tuple[float, float, float, float, int]] = deque(maxlen=HISTORY_POINTS)
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic(f"pool-{plan.name}", self._tick, interval_s)
         self.metrics.gpus.labels(plan.name).set(plan.gpus)
 
     def recent(self, now: float) -> list[dict[str, float]]:
@@ -356,18 +357,16 @@ class PoolLoop:
         ]
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"fleetgate-pool-{self.plan.name}")
+        self._loop.start()
 
     async def stop(self) -> None:
-        tasks = [self._task, *(m.task for m in self.members)]
-        for task in tasks:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._task = None
+        """Stop deciding (a decision under way finishes), then cancel the scale changes in flight."""
+        await self._loop.stop()
         for m in self.members:
+            if m.task is not None:
+                m.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await m.task
             m.task = None
 
     async def wait_applied(self) -> None:
@@ -377,16 +376,9 @@ class PoolLoop:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(m.task)
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                if self.leading is None or self.leading():
-                    await self.step()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # keep allocating through a provider hiccup
-                log.exception("pool step failed pool=%s", self.plan.name)
-            await asyncio.sleep(self.interval_s)
+    async def _tick(self) -> None:
+        if self.leading is None or self.leading():  # with several gateways, only the pool's leader decides
+            await self.step()
 
     async def _inputs(self) -> list[DeploymentDemand]:
         out = []

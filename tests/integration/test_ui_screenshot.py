@@ -93,9 +93,13 @@ def _assert_pool_picture(html: str) -> None:
     assert {"capacity", "sold", "used"} <= set(lines), lines.keys()
     assert lines["sold"][1] == 100.0 and lines["capacity"][1] >= 200.0
     baseline = 160 - 28  # the chart's y for 0 MU/min (H - P in app.js)
-    used_y = [float(v) for v in re.findall(r"[ML][\d.]+ ([\d.]+)", lines["used"][0])]
-    assert len(used_y) >= 2 and min(used_y) < baseline, lines["used"]  # drawn above 0: MU was settled
-    assert lines["used"][1] > 0
+    ys = {k: [float(v) for v in re.findall(r"[ML][\d.]+ ([\d.]+)", d)] for k, (d, _) in lines.items()}
+    points = int(chart.group(1))
+    assert all(len(ys[k]) == points for k in ("capacity", "sold", "used")), ys
+    # drawn from the values: capacity (>= 200) above sold (100) above the zero line; used between
+    assert ys["capacity"][-1] < ys["sold"][-1] < baseline, ys
+    assert all(ys["capacity"][-1] <= y <= baseline for y in ys["used"]), ys
+    assert lines["used"][1] > 0  # MU was settled in the last minute
     head = re.search(
         r'<h3 class="pool-head" data-used="([^"]+)">gpus · \d / 3 GPUs in use \((\d) lent\)', html
     )
@@ -133,6 +137,9 @@ def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
         loader = threading.Thread(target=_load, args=(url, stop, counts), daemon=True)
         loader.start()
         time.sleep(3.0)
+        deadline = time.monotonic() + 30.0  # a loaded machine: wait for both tenants' first answers
+        while min(counts.get("gold:200", 0), counts.get("free:200", 0)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
 
         # the data the page shows is admin-only
         assert httpx.get(f"{url}/admin/status").status_code == 401
