@@ -80,10 +80,10 @@ def _run_chromium(binary: str, args: list[str], url: str, tmp: Path) -> subproce
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
 
 
-def _assert_pool_picture(html: str) -> None:
+def _assert_pool_picture(html: str, latency: list[str]) -> None:
     """The pool's chart is drawn from its history: capacity, sold and used lines over at least two
-    decisions, sold at gold's 100 MU/min, used above zero somewhere; the member table and the latency
-    headroom column are there."""
+    decisions, sold at gold's 100 MU/min, used between zero and capacity; the member table, and the latency
+    headroom of every tenant class admission reports (else the placeholder)."""
     chart = re.search(r'<svg [^>]*class="chart pool" data-pool="gpus" data-points="(\d+)"', html)
     assert chart and int(chart.group(1)) >= 2, html[:3000]
     lines = dict(
@@ -105,7 +105,12 @@ def _assert_pool_picture(html: str) -> None:
     )
     assert head and float(head.group(1)) > 0, html[:3000]
     assert "sold 100.0" in html and "<td><strong>fleetgate-sim</strong></td><td>" in html
-    assert "Latency headroom" in html and ("TTFT p95" in html or "not reported" in html)
+    assert "Latency headroom" in html
+    if latency:  # admission's latency headroom per tenant class, as /admin/capacity had it
+        cell = re.search(r'<span class="latency">([^<]+)</span>', html)
+        assert cell and all(f"{c}: TTFT p95" in cell.group(1) for c in latency), html[:3000]
+    else:
+        assert '<span class="muted">not reported</span>' in html
 
 
 def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
@@ -156,9 +161,10 @@ def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
         assert by_name["gold"]["used_mu_per_min"] > 0
         assert by_name["gold"]["ttft_p95_s"] is not None
 
-        (pool,) = httpx.get(f"{url}/admin/capacity", headers={"Authorization": f"Bearer {ADMIN}"}).json()[
-            "pools"
-        ]
+        capacity = httpx.get(f"{url}/admin/capacity", headers={"Authorization": f"Bearer {ADMIN}"}).json()
+        (pool,) = capacity["pools"]
+        (row,) = capacity["deployments"]
+        latency = sorted((row.get("latency") or {}).get("classes") or {})  # tenant classes reported
         assert pool["pool"] == "gpus" and pool["decided"] and pool["used_scope"] == "gateway"
         assert (
             pool["sold_mu_per_min"] == 100.0
@@ -179,7 +185,7 @@ def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
         assert re.search(r"\d replicas \(\d healthy\) · 2 tenants · \d+ requests seen", html)
         assert 'class="chart"' in html and "fleetgate-sim · desired" in html  # autoscaler history drawn
         assert "sk-admin-demo" not in html  # the key left the address bar and never enters the DOM
-        _assert_pool_picture(html)
+        _assert_pool_picture(html, latency)
 
         shot = tmp_path / "ui.png"
         result = _run_chromium(chromium, [f"--screenshot={shot}"], page, tmp_path)

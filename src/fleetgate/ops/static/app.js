@@ -193,9 +193,10 @@
     const classes = dep && dep.latency && dep.latency.classes;
     if (!classes) return el("span", "muted", "not reported");
     const parts = [];
+    const target = (v, sign, fmt) => (v === null || v === undefined ? "" : " (" + sign + " " + fmt(v) + ")");
     for (const [cls, r] of Object.entries(classes)) {
-      parts.push(cls + ": TTFT p95 " + secs(r.ttft_p95_s) + " (≤ " + secs(r.ttft_p95_s_target) + "), OTPS p10 " +
-        num(r.otps_p10) + " (≥ " + num(r.otps_p10_target) + ")");
+      parts.push(cls + ": TTFT p95 " + secs(r.ttft_p95_s) + target(r.ttft_p95_s_target, "≤", secs) +
+        ", OTPS p10 " + num(r.otps_p10) + target(r.otps_p10_target, "≥", num));
     }
     return el("span", "latency", parts.join(" · "));
   }
