@@ -9,6 +9,7 @@ from aiohttp import web
 from fleetgate.core.errors import ServiceUnavailableError
 from fleetgate.gateway.cors import add_cors
 from fleetgate.gateway.errors import (
+    REQUEST_ID,
     draining_error,
     error_middleware,
     error_response,
@@ -44,11 +45,11 @@ def create_app(
 
     async def readyz(request: web.Request) -> web.Response:
         if not ready() or proxy.shutting_down:
-            return error_response(draining_error(), request["request_id"])
+            return error_response(draining_error(), request[REQUEST_ID])
         missing = [d.model for d in fleet.deployments.values() if not d.routable()]
         if missing:
             err = ServiceUnavailableError(f"no routable replica for: {', '.join(missing)}", retry_after_s=1.0)
-            return error_response(err, request["request_id"])
+            return error_response(err, request[REQUEST_ID])
         return web.Response(body=b'{"status":"ready"}', content_type="application/json")
 
     async def prometheus(request: web.Request) -> web.Response:

@@ -30,6 +30,8 @@ from fleetgate.gateway.ratelimit import retry_after_headers
 log = logging.getLogger("fleetgate.gateway")
 
 REQUEST_ID_HEADER = "x-request-id"
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
+"""Where ``error_middleware`` keeps the request's id on the aiohttp request (a typed key)."""
 
 
 class MethodNotAllowedError(InvalidRequestError):
@@ -148,7 +150,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     the client agree; turns every error into the OpenAI shape; stamps the id on plain responses."""
     given = request.headers.get(REQUEST_ID_HEADER)
     request_id = given if given and _REQUEST_ID.match(given) else os.urandom(16).hex()
-    request["request_id"] = request_id
+    request[REQUEST_ID] = request_id
     try:
         response = await handler(request)
     except FleetgateError as exc:

@@ -64,6 +64,7 @@ from fleetgate.gateway.admission import (
 )
 from fleetgate.gateway.continuation import Continuer
 from fleetgate.gateway.errors import (
+    REQUEST_ID,
     error_response,
     payload_too_large,
 )
@@ -185,7 +186,7 @@ class Proxy:
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         start = self.clock()
-        request_id: str = request["request_id"]
+        request_id: str = request[REQUEST_ID]
         call = Call(start=start, request_id=request_id)
         deployment: Deployment | None = None
         self.active += 1

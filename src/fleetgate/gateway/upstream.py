@@ -33,7 +33,7 @@ from fleetgate.core.openai import Endpoint, ParsedRequest, StreamTracker, usage_
 from fleetgate.core.types import RequestInfo, Usage
 from fleetgate.engines.client import UpstreamClient
 from fleetgate.gateway.continuation import PATHS, ClientGoneError, Collector, Continuer, body_too_large, relay
-from fleetgate.gateway.errors import REQUEST_ID_HEADER, sse_error_event, upstream_rejection
+from fleetgate.gateway.errors import REQUEST_ID, REQUEST_ID_HEADER, sse_error_event, upstream_rejection
 from fleetgate.gateway.fleet import Deployment, ReplicaState
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.orjson_codec import ORJSON
@@ -104,7 +104,7 @@ class UpstreamRelay:
     ) -> web.StreamResponse:
         """Send ``body`` to ``replica`` and answer the client from its reply; until the first bytes arrived
         a failure is a retryable ``UpstreamError`` (the proxy tries another replica), later it is not."""
-        request_id: str = request["request_id"]
+        request_id: str = request[REQUEST_ID]
         url = replica.url + PATHS[parsed.endpoint]
         headers = {**deployment.upstream_headers, REQUEST_ID_HEADER: request_id}
         # failover.non_stream: a plain-text non-streamed request is streamed from the engine and answered
@@ -233,10 +233,10 @@ class UpstreamRelay:
             if error is None and (tracker.truncated or tracker.error is not None):
                 error = UpstreamError(f"replica {replica.name} ended the stream early", retryable=False)
             if error is not None:
-                log.warning("request %s: %s", request["request_id"], error.message)
+                log.warning("request %s: %s", request[REQUEST_ID], error.message)
                 upstream.close()
                 _, error = await self.continuer.resume(
-                    request["request_id"], sink, deployment, replica, tracker, call, error
+                    request[REQUEST_ID], sink, deployment, replica, tracker, call, error
                 )
                 outcome = "error" if error is not None else "continued"
                 self.metrics.interrupted_streams.labels(deployment.model, outcome).inc()
@@ -260,7 +260,7 @@ class UpstreamRelay:
         headers = {
             **call.headers,
             "Content-Type": "application/json",
-            REQUEST_ID_HEADER: request["request_id"],
+            REQUEST_ID_HEADER: request[REQUEST_ID],
         }
         return web.Response(body=orjson.dumps(tracker.response_body()), status=200, headers=headers)
 
@@ -299,7 +299,7 @@ class UpstreamRelay:
     ) -> web.StreamResponse:
         """Relay an upstream SSE stream whose first bytes arrived; from here on errors are in-band (or the
         stream is continued on another replica)."""
-        headers = {**call.headers, **SSE_HEADERS, REQUEST_ID_HEADER: request["request_id"]}
+        headers = {**call.headers, **SSE_HEADERS, REQUEST_ID_HEADER: request[REQUEST_ID]}
         response = RelayResponse(status=200, headers=headers)
         call.ran = True
         error: FleetgateError | None = None
@@ -333,12 +333,12 @@ class UpstreamRelay:
                 if error is None and tracker.error is not None:
                     error = UpstreamError(f"replica {replica.name} sent an error event", retryable=False)
                 if error is not None:
-                    log.warning("request %s: %s", request["request_id"], error.message)
+                    log.warning("request %s: %s", request[REQUEST_ID], error.message)
                     upstream.close()
                     if tail:  # whole events only: safe to send before the continuation's
                         await response.write(tail)
                     tail, error = await self.continuer.resume(
-                        request["request_id"], response, deployment, replica, tracker, call, error
+                        request[REQUEST_ID], response, deployment, replica, tracker, call, error
                     )
                     outcome = "error" if error is not None else "continued"
                     self.metrics.interrupted_streams.labels(deployment.model, outcome).inc()
@@ -349,7 +349,7 @@ class UpstreamRelay:
                 self.metrics.interrupted_streams.labels(deployment.model, "error").inc()
             if error is not None:
                 call.error_kind = error_kind(error)
-                log.warning("request %s: %s", request["request_id"], error.message)
+                log.warning("request %s: %s", request[REQUEST_ID], error.message)
                 tail += sse_error_event(error)
             elif call.continuations == 0:
                 call.ok = True
