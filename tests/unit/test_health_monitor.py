@@ -5,6 +5,7 @@ probe body follows the engine dialect), and the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,10 +14,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
+from fleetgate.core.health import Remediate
 from fleetgate.core.types import HealthState
 from fleetgate.engines.dialects import dialect
 from fleetgate.health import HealthMonitor, add_livez_routes
 from fleetgate.health.monitor import reason_kind
+from fleetgate.providers.leader import LeaderOnly
 
 
 class Engine:
@@ -126,3 +129,38 @@ async def test_set_replicas_adds_and_drops() -> None:
     mon.set_replicas([("b", "http://127.0.0.1:2")])
     assert set(mon.states()) == {"b"}
     assert reg.get_sample_value("fleetgate_health_state", {"replica": "a", "state": "starting"}) is None
+
+
+async def test_a_followers_declined_remediation_logs_info_not_error(caplog: pytest.LogCaptureFixture) -> None:
+    """Only the leading gateway deletes the pod: a follower's refusal is expected, so it is no error line
+    (it still counts as not remediated, so the follower retries after the back-off)."""
+    restarted: list[str] = []
+
+    class Inner:
+        async def restart(self, name: str) -> None:
+            restarted.append(name)
+
+    leader = {"now": False}
+    reg = CollectorRegistry()
+    mon = HealthMonitor(model="m", registry=reg, remediator=LeaderOnly(Inner(), lambda: leader["now"]))
+    mon.set_replicas({"a": "http://127.0.0.1:1"})
+    with caplog.at_level(logging.INFO, logger="fleetgate"):
+        await mon._remediate("a", Remediate("a", "probe timeout", 1))
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if "remediation replica=a" in r.getMessage()]
+    assert (
+        logging.INFO,
+        "health remediation replica=a declined: not the leader: replica a is left to the gateway that leads",
+    ) in lines, lines
+    assert not [m for lvl, m in lines if lvl >= logging.ERROR], lines
+    assert restarted == []
+    counted = [
+        (s.labels["result"], s.value)
+        for m in reg.collect()
+        if m.name == "fleetgate_health_remediations"
+        for s in m.samples
+        if s.name.endswith("_total")
+    ]
+    assert counted == [("error", 1.0)], counted
+    leader["now"] = True  # the leader restarts it
+    await mon._remediate("a", Remediate("a", "probe timeout", 2))
+    assert restarted == ["a"]

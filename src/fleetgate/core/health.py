@@ -114,6 +114,12 @@ class Remediate:
 
 HealthEvent = Transition | ProbeNow | Remediate
 
+
+class RemediationDeclined(Exception):
+    """A remediator that declines on purpose (a follower gateway leaves the replica to the leader): logged
+    at info level, not as a failure; the replica's remediation is retried later as after a failure."""
+
+
 _ROUTABLE = (HealthState.HEALTHY, HealthState.SUSPECT)
 
 

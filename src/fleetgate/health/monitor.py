@@ -32,7 +32,15 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fleetgate.core.errors import is_local_resource_error
-from fleetgate.core.health import HealthEvent, HealthPolicy, ProbeNow, Remediate, ReplicaHealth, Transition
+from fleetgate.core.health import (
+    HealthEvent,
+    HealthPolicy,
+    ProbeNow,
+    Remediate,
+    RemediationDeclined,
+    ReplicaHealth,
+    Transition,
+)
 from fleetgate.core.types import HealthState
 from fleetgate.engines.dialects import EngineDialect
 from fleetgate.engines.dialects.base import PROBE_PRIORITY_LOW_FIRST
@@ -458,7 +466,10 @@ class HealthMonitor:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.error("health remediation replica=%s failed: %s", name, exc)
+            if isinstance(exc, RemediationDeclined):  # expected (a follower): not an error
+                log.info("health remediation replica=%s declined: %s", name, exc)
+            else:
+                log.error("health remediation replica=%s failed: %s", name, exc)
             self.metrics.remediations.labels(
                 replica=name, action=self.action, reason=reason, result="error"
             ).inc()

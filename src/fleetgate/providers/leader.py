@@ -25,6 +25,7 @@ import orjson
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Gauge
 
+from fleetgate.core.health import RemediationDeclined
 from fleetgate.core.leader import LeaderElection, LeaseRecord
 from fleetgate.providers.base import ProviderError
 
@@ -183,6 +184,10 @@ class Restarter(Protocol):
     async def restart(self, name: str) -> Any: ...
 
 
+class NotLeaderError(ProviderError, RemediationDeclined):
+    """A follower's remediation request: expected while a replica is unhealthy and another gateway leads."""
+
+
 class LeaderOnly:
     """A remediator that acts only on the leader; a follower's request fails (its prober retries later,
     by then the leader has replaced the replica or this gateway leads)."""
@@ -193,7 +198,7 @@ class LeaderOnly:
 
     async def restart(self, name: str) -> Any:
         if not self.is_leader():
-            raise ProviderError(f"not the leader: replica {name} is left to the gateway that leads")
+            raise NotLeaderError(f"not the leader: replica {name} is left to the gateway that leads")
         return await self.inner.restart(name)
 
 
