@@ -172,6 +172,25 @@ def test_drift_against_the_profile_and_one_alert_per_excursion() -> None:
     assert learner.take_alerts() == []
 
 
+def test_no_drift_from_times_that_are_mostly_fixed_overhead() -> None:
+    """Equal-sized prompts give only the ratio of time to first token over tokens, which holds the fixed
+    per-request overhead (a slowed simulated engine's whole first step): it estimates TTFT, not the prefill
+    rate, so it gives no drift and no alert (it read "+9714%" against a profile that was right). Once the
+    prompt sizes spread, the regression's intercept takes the overhead and the drift is the true one."""
+    profile = CostProfile(alpha=0.05, beta=0.1, gamma=0.0, capacity_mu_per_min=100.0)  # 0.03 s per token
+    learner = EngineRateLearner(profile)
+    t = 0.0
+    for i in range(20):  # prefill exactly as the profile says, plus a 2 s first step
+        t = _solo_stream(learner, i, t, prompt=40, out=3, tps=1000.0 / 30.0, overhead=2.0)
+    rates = learner.rates("a")
+    assert rates.prefill_tokens_per_s == pytest.approx(40 / (2.0 + 40 * 0.03))  # the TTFT estimate stays
+    assert rates.drift is None and learner.take_alerts() == []
+    for i in range(20, 40):
+        t = _solo_stream(learner, i, t, prompt=40 * (i % 4 + 1), out=3, tps=1000.0 / 30.0, overhead=2.0)
+    assert learner.rates("a").drift == pytest.approx(1.0, rel=1e-6)
+    assert learner.take_alerts() == []
+
+
 def test_lost_completions_are_bounded_and_a_removed_replica_is_forgotten() -> None:
     learner = EngineRateLearner(max_pending=10)
     for i in range(50):

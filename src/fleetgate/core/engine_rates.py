@@ -111,8 +111,9 @@ class _Fit:
         """``sum y / sum x`` (seconds per token through the origin)."""
         return self.sy / self.sx if self.sx > 0 and self.sy > 0 else None
 
-    def slope(self) -> float | None:
-        """Seconds per token from the regression when the x values spread enough, else the ratio."""
+    def regression(self) -> float | None:
+        """Seconds per token from the regression, when the x values spread enough (``None`` otherwise): the
+        intercept takes the fixed overhead, so this is the engine's own rate."""
         if self.n >= 3:
             mx = self.sx / self.sw
             var = self.sxx / self.sw - mx * mx
@@ -120,7 +121,12 @@ class _Fit:
                 b = (self.sxy / self.sw - mx * (self.sy / self.sw)) / var
                 if b > 0 and self.sy / self.sw - b * mx >= 0:  # a negative intercept: noise, not overhead
                     return b
-        return self.ratio()
+        return None
+
+    def slope(self) -> float | None:
+        """Seconds per token from the regression when the x values spread enough, else the ratio."""
+        b = self.regression()
+        return b if b is not None else self.ratio()
 
 
 @dataclass(slots=True)
@@ -285,7 +291,10 @@ class EngineRateLearner:
         # runs once per completed request; same arithmetic)
         timing_fit, counter_fit = rep.prefill_timing, rep.prefill_counters
         min_samples = self.min_samples
-        timing = timing_fit.slope() if timing_fit.n >= min_samples else None
+        regression = timing = None
+        if timing_fit.n >= min_samples:
+            regression = timing_fit.regression()
+            timing = regression if regression is not None else timing_fit.ratio()
         counters = None
         if counter_fit.n >= _MIN_COUNTER_INTERVALS:
             sx, sy = counter_fit.sx, counter_fit.sy
@@ -301,11 +310,16 @@ class EngineRateLearner:
             if fit.n < _MIN_COUNTER_INTERVALS:
                 fit = rep.decode_timing
             decode = fit.sy / fit.sx if fit.sx > 0 and fit.sy > 0 else None
+        # The drift compares prefill work alone with the profile's: from the engine's counters or a regression
+        # whose intercept took the overhead. The ratio of equal-sized prompts' times to first token holds the
+        # fixed per-request overhead too (a slowed engine's whole first step: "+9714%" against a profile that
+        # was right), so it gives no drift.
         drift = None
-        if prefill_s is not None and prefill_s > 0:
+        judged = counters if source == "counters" else regression
+        if judged is not None and judged > 0:
             ref = self._reference()
             if ref is not None:
-                drift = prefill_s / ref
+                drift = judged / ref
         return LearnedRates(
             1.0 / prefill_s if prefill_s is not None and 0 < prefill_s < _INF else None,
             decode,
