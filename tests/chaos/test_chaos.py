@@ -11,7 +11,9 @@ CI variant: 2,000 requests at engine time scale 0.01 (about a minute or two on 2
 ``FLEETGATE_CHAOS_REQUESTS=10000 FLEETGATE_CHAOS_RATE=40 .venv/bin/pytest -s tests/chaos`` (or ``make
 soak``). See docs/reliability.md. A 1,400-request CI variant was tried (2026-12-02) and dropped: in 2 of 3
 runs at load 5-8 one request's broken first attempt was found in a gateway's access log (a duplicate by the
-ledger's rule), both times near request 590, between the e0 crash (0.42) and the llama.cpp SIGSTOP (0.45).
+ledger's rule). The cause was the gateway's: a request still on the SIGSTOPped llama.cpp replica when gateway
+A's shutdown grace ran out was cancelled without an answer (its connection closed; the client retried it on
+gateway B); such a request now gets a 503 (docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -175,6 +176,41 @@ def test_sigterm_never_resets_keepalive_requests(start_engine: Any, start_gatewa
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
     assert gw.wait(15) == 0
+
+
+def test_requests_cut_by_the_shutdown_grace_get_an_answer(start_engine: Any, start_gateway: Any) -> None:
+    """Requests still waiting for their replica when the shutdown grace runs out get an explicit 503 with an
+    OpenAI error body, never a connection closed without an answer, which a client cannot tell from a
+    request that never arrived (the chaos run saw it: a request on the SIGSTOPped llama.cpp replica was cut
+    at gateway A's SIGTERM, reset, retried on gateway B, and the ledger flagged it as run twice)."""
+    engine = start_engine(MODEL)
+    gw = start_gateway(
+        {MODEL: [engine]}, shutdown_linger_s=0.0, shutdown_grace_s=0.5, first_byte_timeout_s=30.0
+    )
+    httpx.post(engine.url + "/admin/fault", json={"kind": "hang"}, timeout=5).raise_for_status()
+    answers: dict[bool, Any] = {}
+
+    def send(stream: bool) -> None:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        try:
+            r = httpx.post(gw.url + "/v1/chat/completions", json={**body, "stream": stream}, timeout=20)
+            answers[stream] = (r.status_code, r.json()["error"]["type"], r.headers.get("retry-after"))
+        except httpx.HTTPError as exc:
+            answers[stream] = f"{type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=send, args=(stream,)) for stream in (False, True)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)  # both wait on the hung replica
+    gw.signal(signal.SIGTERM)
+    for t in threads:
+        t.join(20)
+    assert answers == {
+        False: (503, "server_error", "1"),
+        True: (503, "server_error", "1"),
+    }, answers
+    assert gw.wait(15) == 0
+    assert '"status":503,"error_kind":"shutdown"' in gw.output, gw.output[-2000:]
 
 
 # -- configuration ------------------------------------------------------------------------------------------

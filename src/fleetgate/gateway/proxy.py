@@ -164,6 +164,8 @@ class Proxy:
         self.active = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._handlers: set[asyncio.Task[Any]] = set()  # the tasks of the requests in flight
+        self._aborting = False
 
     # -- shutdown -----------------------------------------------------------------------------------------
 
@@ -175,6 +177,16 @@ class Proxy:
             return True
         except TimeoutError:
             return False
+
+    async def abort_in_flight(self, wait_s: float) -> None:
+        """The shutdown grace ran out: cancel the requests still in flight, wait up to ``wait_s`` for their
+        answers to go out. One that has sent nothing yet answers 503 (never a connection closed without an
+        answer: the client cannot tell that from a request never received); a stream under way ends with
+        its SSE error event."""
+        self._aborting = True
+        for task in list(self._handlers):
+            task.cancel()
+        await self.wait_idle(wait_s)
 
     # -- handlers -----------------------------------------------------------------------------------------
 
@@ -191,6 +203,9 @@ class Proxy:
         deployment: Deployment | None = None
         self.active += 1
         self._idle.clear()
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
         try:
             tenant = self.admission.authenticate(request.headers.get("Authorization"))
             call.tenant = tenant_name(tenant)
@@ -219,6 +234,15 @@ class Proxy:
             call.error_kind = call.error_kind or error_kind(exc)
             return error_response(exc, request_id)
         except asyncio.CancelledError:
+            if self._aborting and task is not None and request.writer.output_size == 0:
+                task.uncancel()  # cancelled by ``abort_in_flight``, not by the client: answer it
+                cut = ServiceUnavailableError(
+                    "The gateway shut down before the request finished (it may have started on a replica).",
+                    retry_after_s=1.0,
+                )
+                call.status = cut.status
+                call.error_kind = "shutdown"
+                return error_response(cut, request_id)
             call.status = 499
             call.client_gone = True
             call.error_kind = call.error_kind or "client_disconnect"
@@ -227,6 +251,8 @@ class Proxy:
             self.active -= 1
             if self.active == 0:
                 self._idle.set()
+            if task is not None:
+                self._handlers.discard(task)
             self._record(endpoint, deployment, call, start)
 
     def _request_info(

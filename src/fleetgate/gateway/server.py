@@ -3,8 +3,9 @@
 Shutdown (SIGTERM): readiness turns 503, the listening socket closes (no new connections), and every response
 from then on carries ``Connection: close``. Requests that arrive on already-open keep-alive connections during
 ``shutdown_linger_s`` are still served (never reset after the gateway read them); in-flight requests and
-streams get up to ``shutdown_grace_s`` to finish, then whatever is left is cancelled (streams get an SSE error
-event), the remaining idle connections close and the upstream pool closes.
+streams get up to ``shutdown_grace_s`` to finish, then whatever is left is cancelled (a stream under way gets
+an SSE error event, a request that sent nothing yet a 503), the remaining idle connections close and the
+upstream pool closes.
 
 Slow clients: a connection that has started a request must deliver all its headers within
 ``client_header_timeout_s`` (slowloris), and an idle keep-alive connection closes after
@@ -137,6 +138,7 @@ class GatewayServer:
         drained = await self.proxy.wait_idle(grace)
         if not drained:
             log.warning("shutdown grace of %.1f s over: cancelling %d request(s)", grace, self.proxy.active)
+            await self.proxy.abort_in_flight(1.0)  # each gets its answer (503 or an SSE error event)
         else:
             await self._linger(linger_until)
         if self.runner is not None:
