@@ -2,6 +2,7 @@
 
 - ``SortedOutputHistory`` answers like ``core.units.OutputHistory`` (window, minimum, tenant eviction);
 - ``frozen_builder`` objects equal the dataclass's own (classes it cannot build fall back to ``__init__``);
+- ``CostProfile.cost`` (which skips terms that are exactly zero) equals the plain formula bit for bit;
 - the dispatch gate's backlog (one pass over the snapshots) answers like the routable filter plus a scan;
 - the engine model's macro *rebase* (a partly applied decode run continues without replanning) gives
   bit-identical times to replanning, and the KV block bookkeeping that the fast paths rely on holds.
@@ -21,7 +22,7 @@ from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.fleetgate import FleetgatePolicy
 from fleetgate.core.routing.pipeline import PickContext
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo, Usage
-from fleetgate.core.units import OutputHistory
+from fleetgate.core.units import LONG_INPUT_SCALE, CostProfile, OutputHistory
 from fleetgate.sim.entities import engine_request, frozen_builder, request_info
 from fleetgate.simengine.perfmodel import EngineModel, EngineRequest, PerfParams, StepResult
 
@@ -216,3 +217,44 @@ def test_gate_backlog_one_pass_matches_filter_then_scan(seed: int) -> None:
         }
         assert fast.outliers.blocking.keys() == ref.outliers.blocking.keys()
     assert blocked > 100  # the detector's path was taken
+
+
+def _cost_formula(p: CostProfile, inp: float, out: float, cached: float, images: float) -> float:
+    """``CostProfile.cost`` as the plain formula, every term added (the fast path skips exact zeros)."""
+    i = max(int(inp), 0)
+    c = min(max(int(cached), 0), i)
+    o = max(float(out), 0.0)
+    rate = p.alpha if p.image_mu_per_token is None else p.image_mu_per_token
+    return (
+        p.gamma
+        + p.alpha * (i - c + p.cache_discount * c)
+        + p.delta * (i - c) * i / LONG_INPUT_SCALE
+        + p.beta * o
+        + p.epsilon * o * (i + o / 2.0) / LONG_INPUT_SCALE
+        + rate * max(int(images), 0)
+    )
+
+
+def test_cost_is_bit_identical_to_the_plain_formula() -> None:
+    rng = random.Random(7)
+    for _ in range(20_000):
+
+        def coef() -> float:
+            return rng.choice([0.0, 0.0, rng.random(), rng.random() * 1e-3, 1.0, 3.7])
+
+        p = CostProfile(
+            alpha=coef(),
+            beta=coef(),
+            gamma=coef(),
+            delta=coef(),
+            epsilon=coef(),
+            image_mu_per_token=rng.choice([None, coef()]),
+            cache_discount=rng.random(),
+        )
+        inp = rng.choice([0, 1, -5, rng.randint(0, 200_000), 17.0])
+        out = rng.choice([0, 0.0, -1, rng.random() * 5000, rng.randint(0, 9000)])
+        cached = rng.choice([0, -3, rng.randint(0, 300_000), 2.0])
+        images = rng.choice([0, 0, -2, rng.randint(0, 5000), 3.0])
+        got = p.cost(inp, out, cached_tokens=cached, image_tokens=images)  # type: ignore[arg-type]
+        want = _cost_formula(p, inp, out, cached, images)
+        assert got == want and math.copysign(1.0, got) == math.copysign(1.0, want)

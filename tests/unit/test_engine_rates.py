@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -224,3 +225,41 @@ def test_prefix_cache_discount_from_cold_and_cached_runs() -> None:
     assert prefix_cache_discount(1.0, 1.0 - 0.9 * full, 1024, 768, cal) == pytest.approx(0.1, abs=0.02)
     assert prefix_cache_discount(1.0, 1.0 - 2 * full, 1024, 768, cal) == 0.0  # noise: clamped
     assert prefix_cache_discount(1.0, 1.1, 1024, 768, cal) == 1.0  # no saving at all
+
+
+def test_kept_prefill_half_equals_a_fresh_computation() -> None:
+    """The prefill fields kept between completions without a prefill sample are what recomputing them
+    from the fits gives, through solo and overlapping streams, non-streamed requests and counter scrapes."""
+    rng = random.Random(5)
+    learner = EngineRateLearner(CostProfile(alpha=0.001, beta=0.01, capacity_mu_per_min=60.0), min_samples=3)
+    t = 0.0
+    open_: list[tuple[RequestInfo, str, float]] = []
+    counters = {"a": [0.0, 0.0, 0.0, 0.0], "b": [0.0, 0.0, 0.0, 0.0]}
+    for i in range(1500):
+        t += rng.random() * 0.2
+        replica = rng.choice("ab")
+        event = rng.random()
+        if event < 0.4 or not open_:
+            req = RequestInfo(request_id=f"r{i}", model="m", stream=rng.random() < 0.8)
+            learner.on_dispatch(req, replica, t)
+            open_.append((req, replica, t))
+        elif event < 0.6:
+            req, rep, _ = rng.choice(open_)
+            learner.on_first_token(req, rep, t)
+        elif event < 0.9:
+            req, rep, _ = open_.pop(rng.randrange(len(open_)))
+            prompt = rng.randint(10, 4000)
+            usage = Usage(prompt, rng.randint(1, 300), cached_tokens=rng.randint(0, prompt // 2))
+            learner.on_complete(req, rep, t, usage, 0.0, rng.random() < 0.95)
+        else:
+            c = counters[replica]
+            c[0] += rng.randint(0, 5000)
+            c[1] += rng.random()
+            c[2] += rng.randint(0, 500)
+            c[3] += rng.random()
+            learner.on_counters(replica, t, EngineCounters(*c))
+        for name, rep_state in learner._replicas.items():
+            if name in learner.current:
+                fresh = copy.deepcopy(rep_state)
+                fresh.prefill_held = (-1, -1, None, fresh.prefill_held[3])  # nothing kept: recompute
+                assert learner._compute(fresh) == learner.current[name]

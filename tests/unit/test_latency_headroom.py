@@ -4,12 +4,20 @@ its dead band, and what the ledger reports; plus the admission core holding best
 from __future__ import annotations
 
 import itertools
+import random
+from collections import deque
 
 import pytest
 
 from fleetgate.core.admission import AdmissionMachine, CapacityView, Resolve, TakeCharges, TenantLimits
 from fleetgate.core.admission.buckets import MemoryBuckets
-from fleetgate.core.admission.headroom import ClassTargets, HeadroomParams, LatencyHeadroom
+from fleetgate.core.admission.headroom import (
+    ClassTargets,
+    HeadroomParams,
+    LatencyHeadroom,
+    SortedWindow,
+    quantile,
+)
 from fleetgate.core.types import Priority, RequestInfo, Usage
 
 _ids = itertools.count()
@@ -207,3 +215,22 @@ def test_admission_holds_best_effort_at_the_limit_never_reserved() -> None:
                          0.2, deadline_s=0.0)  # fmt: skip
     _run(machine, rnd, buckets, 0.2)
     assert rnd.decision is not None and not rnd.decision.allowed
+
+
+@pytest.mark.parametrize("maxlen", [0, 1, 7, 32])
+def test_sorted_window_quantiles_equal_sorting_the_window(maxlen: int) -> None:
+    """``SortedWindow`` (kept sorted as samples come and go) answers like sorting the window each time."""
+    rng = random.Random(maxlen)
+    window = SortedWindow(maxlen)
+    plain: deque[float] = deque(maxlen=maxlen)
+    for step in range(3000):
+        if rng.random() < 0.01:
+            window.clear()
+            plain.clear()
+        value = rng.choice([0.0, 1.0, 1.0, rng.random(), rng.expovariate(3.0)])
+        window.append(value)
+        plain.append(value)
+        assert len(window) == len(plain)
+        if plain:
+            for q in (0.0, 0.1, 0.25, 0.5, 0.75, 0.95, 1.0):
+                assert window.quantile(q) == quantile(list(plain), q), (step, q)

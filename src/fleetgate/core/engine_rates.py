@@ -129,6 +129,10 @@ class _Fit:
         return b if b is not None else self.ratio()
 
 
+#: ``LearnedRates``' prefill fields (see ``EngineRateLearner._prefill_part``)
+_PrefillPart = tuple[float | None, str, int, float | None, float | None, float | None]
+
+
 @dataclass(slots=True)
 class _Pending:
     replica: str
@@ -151,6 +155,13 @@ class _Replica:
     last_counters: EngineCounters | None = None
     off_streak: int = 0  # consecutive updates with the drift beyond the threshold
     alerted: bool = False
+    #: (prefill_timing.n, prefill_counters.n, profile, ``_prefill_part``) of the last computation
+    prefill_held: tuple[int, int, CostProfile | None, _PrefillPart] = (
+        -1,
+        -1,
+        None,
+        (None, "", 0, None, None, None),
+    )
 
 
 class EngineRateLearner:
@@ -291,6 +302,35 @@ class EngineRateLearner:
         # runs once per completed request; same arithmetic)
         timing_fit, counter_fit = rep.prefill_timing, rep.prefill_counters
         min_samples = self.min_samples
+        # The prefill half changes only with a prefill sample (most completions bring a decode sample only):
+        # kept from the last computation while both prefill fits and the profile are as they were.
+        held = rep.prefill_held
+        if held[0] == timing_fit.n and held[1] == counter_fit.n and held[2] is self.profile:
+            prefill = held[3]
+        else:
+            prefill = self._prefill_part(timing_fit, counter_fit)
+            rep.prefill_held = (timing_fit.n, counter_fit.n, self.profile, prefill)
+        decode: float | None = None
+        fit = rep.decode_counters
+        if fit.n >= _MIN_COUNTER_INTERVALS or rep.decode_timing.n >= min_samples:
+            if fit.n < _MIN_COUNTER_INTERVALS:
+                fit = rep.decode_timing
+            decode = fit.sy / fit.sx if fit.sx > 0 and fit.sy > 0 else None
+        return LearnedRates(
+            prefill[0],
+            decode,
+            prefill[1],
+            prefill[2],
+            max(rep.decode_counters.n, rep.decode_timing.n),
+            prefill[3],
+            prefill[4],
+            prefill[5],
+        )
+
+    def _prefill_part(self, timing_fit: _Fit, counter_fit: _Fit) -> _PrefillPart:
+        """``LearnedRates``' prefill fields: (tokens/s, source, samples, timing tokens/s, counter tokens/s,
+        drift)."""
+        min_samples = self.min_samples
         regression = timing = None
         if timing_fit.n >= min_samples:
             regression = timing_fit.regression()
@@ -304,12 +344,6 @@ class EngineRateLearner:
             prefill_s, source = timing, "timing"
         else:
             prefill_s, source = None, ""
-        decode: float | None = None
-        fit = rep.decode_counters
-        if fit.n >= _MIN_COUNTER_INTERVALS or rep.decode_timing.n >= min_samples:
-            if fit.n < _MIN_COUNTER_INTERVALS:
-                fit = rep.decode_timing
-            decode = fit.sy / fit.sx if fit.sx > 0 and fit.sy > 0 else None
         # The drift compares prefill work alone with the profile's: from the engine's counters or a regression
         # whose intercept took the overhead. The ratio of equal-sized prompts' times to first token holds the
         # fixed per-request overhead too (a slowed engine's whole first step: "+9714%" against a profile that
@@ -320,12 +354,10 @@ class EngineRateLearner:
             ref = self._reference()
             if ref is not None:
                 drift = judged / ref
-        return LearnedRates(
+        return (
             1.0 / prefill_s if prefill_s is not None and 0 < prefill_s < _INF else None,
-            decode,
             source if prefill_s else "",
             counter_fit.n if source == "counters" else timing_fit.n,
-            max(rep.decode_counters.n, rep.decode_timing.n),
             1.0 / timing if timing is not None and 0 < timing < _INF else None,
             1.0 / counters if counters is not None and 0 < counters < _INF else None,
             drift,

@@ -219,10 +219,10 @@ class FailoverTracker:
     def _event(self, data: str, raw: bytes, start: int, stop: int) -> bytes | None:
         """Record one event (its bytes are ``raw[start:stop]``); return ``None`` to forward them as they
         are, else what to forward instead."""
-        if self._fast(data):
-            return None
-        if data == DONE_DATA:
+        if data == DONE_DATA:  # (before ``_fast``, which never takes it)
             self.done = True
+            return None
+        if self._fast(data):
             return None
         try:
             obj = self._codec.loads(data)
@@ -245,12 +245,15 @@ class FailoverTracker:
             self.attempt_usage = usage
             self.usage = self._client_usage(usage)
         choices = obj.get("choices")
+        continuing = self.continuing  # (``_out`` rewrites only a continuation's events: not called else)
         if not choices:
-            if usage is None:
-                return self._out(obj)
-            return b"" if self.strip_usage else self._out(obj)
+            if usage is not None and self.strip_usage:
+                return b""
+            return self._out(obj) if continuing else None
         self.data_events += 1
-        keep = self._choices(choices) or not self.continuing  # a first stream passes through as it is
+        keep = self._choices(choices)
+        if not continuing:
+            return None  # a first stream passes through as it is
         return self._out(obj) if keep else b""
 
     def _choices(self, choices: Any) -> bool:

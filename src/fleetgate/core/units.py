@@ -142,18 +142,20 @@ class CostProfile:
         out = float(output_tokens)
         if out < 0.0:
             out = 0.0
-        images = image_tokens if type(image_tokens) is int else int(image_tokens)
-        if images < 0:
-            images = 0
-        rate = self.alpha if self.image_mu_per_token is None else self.image_mu_per_token
-        return (
-            self.gamma
-            + self.alpha * (uncached + self.cache_discount * cached)
-            + self.delta * uncached * inp / LONG_INPUT_SCALE
-            + self.beta * out
-            + self.epsilon * out * (inp + out / 2.0) / LONG_INPUT_SCALE
-            + rate * images
-        )
+        # gamma + alpha.. + delta.. + beta.. + epsilon.. + image rate.., summed left to right; a term that is
+        # exactly 0 (delta and epsilon are unless calibrated; most requests have no image) is skipped, which
+        # leaves every sum bit for bit as it was (the partial sums are never negative)
+        total = self.gamma + self.alpha * (uncached + self.cache_discount * cached)
+        if self.delta:
+            total += self.delta * uncached * inp / LONG_INPUT_SCALE
+        total += self.beta * out
+        if self.epsilon:
+            total += self.epsilon * out * (inp + out / 2.0) / LONG_INPUT_SCALE
+        if image_tokens:
+            images = image_tokens if type(image_tokens) is int else int(image_tokens)
+            if images > 0:
+                total += (self.alpha if self.image_mu_per_token is None else self.image_mu_per_token) * images
+        return total
 
     def expected_output_tokens(
         self, max_output_tokens: int | None, observed_output_p90: float | None

@@ -81,9 +81,22 @@ class RequestParser:
         if len(raw) <= INLINE_BYTES:
             body = load_json_body(raw, self.limits, ORJSON)
             deployment = self._deployment(body, endpoint)
-            return deployment, self._with_salt(
-                deployment, tenant, self._parse(body, endpoint, tenant, deployment)
+            # (``_parse_with`` and ``_with_salt`` written out: the common case is one tenant, no salt)
+            isolate = self.isolate_tenants
+            salt = self._salt(deployment, tenant).encode() if isolate else b""
+            parsed = parse_request(
+                body,
+                endpoint,
+                deployment.block_tokens,
+                hashes=self._hashes_for(deployment),
+                tokenizer=deployment.tokenizer,
+                prompt_tokenizer=self.tokenizer,
+                limits=self.limits,
+                salt=salt,
             )
+            if isolate and deployment.config.cache_salt_field:
+                parsed = self._with_salt(deployment, tenant, parsed)
+            return deployment, parsed
         routes = {model: self._route(d, tenant) for model, d in self.fleet.deployments.items()}
         try:
             parsed = await self._in_lane(raw, endpoint, routes)
@@ -141,12 +154,6 @@ class RequestParser:
             return self.fleet.get(model)
         parse_request(body, endpoint, hashes=False, limits=self.limits)  # names the problem (a 400)
         raise InvalidRequestError("you must provide a model parameter", param="model")
-
-    def _parse(
-        self, body: dict[str, Any], endpoint: Endpoint, tenant: str, deployment: Deployment
-    ) -> ParsedRequest:
-        hashes, salt, _, _ = self._route(deployment, tenant)
-        return self._parse_with(body, endpoint, deployment, hashes, salt)
 
     def _parse_with(
         self, body: dict[str, Any], endpoint: Endpoint, deployment: Deployment, hashes: bool, salt: bytes

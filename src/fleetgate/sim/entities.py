@@ -192,13 +192,21 @@ class SimReplica(ReplicaLoad):
             return HealthState.STARTING
         return HealthState.HEALTHY
 
+    # (``mark_dirty`` written out in ``begin``/``end``: they run at every dispatch and completion)
+
     def begin(self, cost_mu: float) -> None:
         ReplicaLoad.begin(self, cost_mu)
-        self.mark_dirty()
+        if not self.dirty:
+            self.dirty = True
+            if self.sink is not None:
+                self.sink.append(self)
 
     def end(self, cost_mu: float, ok: bool, now: float) -> None:
         ReplicaLoad.end(self, cost_mu, ok, now)
-        self.mark_dirty()
+        if not self.dirty:
+            self.dirty = True
+            if self.sink is not None:
+                self.sink.append(self)
 
     def mark_dirty(self) -> None:
         """A counter the router sees changed: rebuild the snapshot before the next pick."""

@@ -26,18 +26,26 @@ class DemandMeter:
         self._sum = 0.0
         self._per_min = 60.0 / window_s
 
+    # (``start``/``finish`` run once per request: ``max(0.0, x)`` written as ``x if x > 0.0 else 0.0``, the
+    # same value for every x, NaN included, and ``_prune`` inlined)
+
     def start(self, estimate_mu: float) -> None:
-        self.inflight_mu += max(0.0, estimate_mu)
+        self.inflight_mu += estimate_mu if estimate_mu > 0.0 else 0.0
         self.inflight_requests += 1
 
     def finish(self, estimate_mu: float, actual_mu: float, now_s: float) -> None:
         """A request ended: its estimate leaves the in-flight sum, its real cost joins the settled window."""
-        self.inflight_mu = max(0.0, self.inflight_mu - max(0.0, estimate_mu))
-        self.inflight_requests = max(0, self.inflight_requests - 1)
+        left = self.inflight_mu - (estimate_mu if estimate_mu > 0.0 else 0.0)
+        self.inflight_mu = left if left > 0.0 else 0.0
+        n = self.inflight_requests - 1
+        self.inflight_requests = n if n > 0 else 0
+        settled = self._settled
         if actual_mu > 0:
-            self._settled.append((now_s, actual_mu))
+            settled.append((now_s, actual_mu))
             self._sum += actual_mu
-        self._prune(now_s)
+        oldest = now_s - self.window_s
+        while settled and settled[0][0] < oldest:
+            self._sum -= settled.popleft()[1]
 
     def _prune(self, now_s: float) -> None:
         settled = self._settled

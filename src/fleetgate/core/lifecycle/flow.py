@@ -70,7 +70,7 @@ class Lifecycle(Generic[T]):
     dispatch gate (a future in the gateway, a request index in the simulator).
     """
 
-    __slots__ = ("_gate", "demand", "history", "observers", "policy", "profile", "snapshots")
+    __slots__ = ("_gate", "demand", "gated", "history", "observers", "policy", "profile", "snapshots")
 
     def __init__(
         self,
@@ -89,6 +89,8 @@ class Lifecycle(Generic[T]):
         self.demand = demand
         self.observers = tuple(observers)
         self._gate: Any = policy.gate
+        #: whether the policy has a dispatch gate (``core.routing.gate``)
+        self.gated = self._gate is not None
 
     # -- before routing -------------------------------------------------------------------------------------
 
@@ -109,11 +111,6 @@ class Lifecycle(Generic[T]):
             self.demand.start(request.cost_mu)
 
     # -- the dispatch gate ----------------------------------------------------------------------------------
-
-    @property
-    def gated(self) -> bool:
-        """Whether the policy has a dispatch gate (``core.routing.gate``)."""
-        return self._gate is not None
 
     def held(self) -> int:
         """Requests held in the gate now."""

@@ -134,6 +134,7 @@ class FleetgatePolicy(PolicyBase):
             LeaderSpillParams.model_validate(params.model_dump(include=set(LeaderSpillParams.model_fields)))
         )
         self.scorers = tuple((s, float(w)) for s, w in scorers if w > 0)
+        self._held_depth = self.affinity.uses_held_depth  # (the key kind is fixed: read once, not per pick)
         self.scan_limit = params.scan_limit
         self._gate_mode = params.gate
         gp = GateParams(params.gate_lead_s, params.gate_aging, params.gate_max_queued, params.gate_max_wait_s)
@@ -150,14 +151,18 @@ class FleetgatePolicy(PolicyBase):
         """Seconds until the least-loaded routable replica has drained the prefill queued on it (the fluid
         queue fed at dispatch; 0 for a replica with nothing in flight); ``inf`` when no replica is routable;
         0 while the gate is not active. Drives the gate."""
-        if not self.gate_active:
+        est = self.estimate
+        # (``gate_active`` written out: the gate asks at every arrival)
+        if self.gate is None or (
+            self._gate_mode != "on" and est.prefill_tps is None and not est.learned_seen
+        ):
             return 0.0
         outliers = self.outliers
         if outliers is not None and outliers.blocking:
             # The detector's ``allows`` can move an expired ejection to half-open: ask as ``routable`` does.
             lst = replicas if isinstance(replicas, list) else list(replicas)
             replicas = routable(lst, PickContext(now, None, frozenset()), outliers)  # type: ignore[arg-type]
-        return self.estimate.backlog_s(replicas, now)
+        return est.backlog_s(replicas, now)
 
     def gate_prefill_s(self, request: RequestInfo) -> float:
         """The request's prefill seconds on the replica expected to hold most of its prompt (the gate's
@@ -190,7 +195,7 @@ class FleetgatePolicy(PolicyBase):
             est.memo = (request, only.name, pmu, _cap(only), est.prefill_s(request, pmu, _cap(only), tps))
             return RouteDecision(only.name, reason="fleetgate:only")
         depths, deepest = est.depths(request)
-        held = max(depths.values()) if depths and aff.uses_held_depth else 0
+        held = max(depths.values()) if depths and self._held_depth else 0
         subset, rank_of = aff.subset(request, cands, held)
         inp = request.input_tokens
         full = est.prefill_mu(request)

@@ -349,7 +349,8 @@ class TtftEstimate(StageBase):
             kv[0] += 1.0
             kv[1] += tokens
             self._kv_of[rid] = (replica, tokens)
-            if self.feedback:
+            fb = self._feedback  # (``feedback`` written out: once per dispatch)
+            if (self.prefill_tps is not None or self.learned_seen) if fb is None else fb:
                 self._expect[rid] = (replica, self.loads.reps[replica][1], self._shift.get(replica, 0.0))
             self._update_busy(replica, kv[0])
         return request.cost_mu - full + pre if request.cost_mu > 0 else pre + self.gamma
