@@ -10,7 +10,6 @@ term. The Redis variant elects through a lock in the real Redis (``FLEETGATE_TES
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import socket
@@ -20,8 +19,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 from k8s_apiserver import ApiServer, FakeCluster
+from k8s_gateways import gateway_files, leading, scalers, watch_takeover
 
 from fleetgate.providers.kubernetes_rbac import lease_name
 from integration_tools import integration_tools
@@ -39,43 +38,12 @@ def _free_port() -> int:
 
 
 def _gateway(server: ApiServer, tmp_path: Path, i: int, extra: dict[str, Any]) -> Any:
-    """Gateway ``i``: token ``gw<i>``; the static autoscaler wants 2 engine replicas."""
-    kubeconfig = tmp_path / f"kubeconfig-{i}"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "c", "cluster": {"server": server.url}}],
-        "users": [{"name": "u", "user": {"token": f"gw{i}"}}],
-        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u", "namespace": "llm"}}],
-    }))  # fmt: skip
-    deployment = {
-        "model": "m",
-        "provider": {"kind": "kubernetes", "deployment": "engine", "service": "engine", "port": "http"},
-        "autoscaler": {"policy": "static", "replicas": 2},
-        **extra.get("deployment", {}),
-    }
-    config = tmp_path / f"serve-{i}.yaml"
-    config.write_text(yaml.safe_dump({
-        "gateway": {"port": _free_port()}, "deployments": [deployment], "ops": {"access_log": False},
-        **extra.get("top", {}),
-    }))  # fmt: skip
+    """Gateway ``i`` (token ``gw<i>``; the static autoscaler wants 2 engine replicas)."""
+    config, env = gateway_files(tmp_path, i, server.url, {"port": _free_port()}, extra)
     tools = integration_tools()
     return tools.ServerProcess(
-        [tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(config)],
-        name=f"gateway-{i}",
-        env={"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""},
+        [tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(config)], name=f"gateway-{i}", env=env
     )
-
-
-async def _leading(session: aiohttp.ClientSession, url: str) -> bool:
-    async with session.get(url + "/metrics") as r:
-        text = await r.text()
-    match = re.search(r'^fleetgate_leader\{deployment="m"\} (\S+)$', text, re.M)
-    return match is not None and float(match.group(1)) == 1.0
-
-
-def _scalers(cluster: FakeCluster, since: float = 0.0) -> set[str]:
-    """Tokens of the callers that PATCHed the Deployment's scale after ``since``."""
-    return {tok for t, tok, m, p in cluster.calls if t >= since and m == "PATCH" and p.endswith("/scale")}
 
 
 async def _demand(session: aiohttp.ClientSession, url: str) -> float | None:
@@ -112,13 +80,13 @@ async def _run(
         urls = await asyncio.gather(*(asyncio.to_thread(gw.wait_ready, 60.0) for gw in gws))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
             await cluster.wait_for(lambda: cluster.desired == 2, 30.0)
-            leaders = [i for i, url in enumerate(urls) if await _leading(s, url)]
+            leaders = [i for i, url in enumerate(urls) if await leading(s, url)]
             assert len(leaders) == 1, (leaders, [gw.output[-1500:] for gw in gws])
             (first,) = leaders
-            assert _scalers(cluster) == {f"gw{first}"}, "only the leader scaled"
+            assert scalers(cluster) == {f"gw{first}"}, "only the leader scaled"
             await asyncio.sleep(1.0)  # a few more renewals and autoscaler periods: still one leader
-            assert [await _leading(s, url) for url in urls].count(True) == 1
-            assert _scalers(cluster) == {f"gw{first}"}
+            assert [await leading(s, url) for url in urls].count(True) == 1
+            assert scalers(cluster) == {f"gw{first}"}
             if shared_demand:
                 await _follower_demand_reaches_the_leader(s, urls, first)
 
@@ -130,14 +98,14 @@ async def _run(
             while second is None:
                 assert time.monotonic() - killed_at < takeover_limit_s + 5, "no takeover"
                 for i in survivors:
-                    if await _leading(s, urls[i]):
+                    if await leading(s, urls[i]):
                         second = i
                 await asyncio.sleep(0.1)
             takeover_s = time.monotonic() - killed_at
             await cluster.wait_for(lambda: cluster.desired == 2, 15.0)
             restored_s = time.monotonic() - killed_at
-            assert _scalers(cluster, killed_at) == {f"gw{second}"}, "only the new leader scaled"
-            assert [await _leading(s, urls[i]) for i in survivors].count(True) == 1
+            assert scalers(cluster, killed_at) == {f"gw{second}"}, "only the new leader scaled"
+            assert [await leading(s, urls[i]) for i in survivors].count(True) == 1
             # every gateway routes, leader or not
             for i in survivors:
                 async with s.post(urls[i] + "/v1/chat/completions", json=BODY) as r:
@@ -176,13 +144,13 @@ async def test_lease_records_the_holders_and_transitions(tmp_path: Path) -> None
         assert spec["leaseDurationSeconds"] == 30 and spec["leaseTransitions"] == 0
         assert spec["acquireTime"].endswith("Z") and spec["renewTime"] >= spec["acquireTime"]
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
-            (first,) = [i for i, url in enumerate(urls) if await _leading(s, url)]
+            (first,) = [i for i, url in enumerate(urls) if await leading(s, url)]
             holder = spec["holderIdentity"]
             gws[first].signal(15)  # SIGTERM: drains, releases the lease
             await asyncio.to_thread(gws[first].wait, 30.0)
             stopped = time.monotonic()
             other = 1 - first
-            while not await _leading(s, urls[other]):
+            while not await leading(s, urls[other]):
                 assert time.monotonic() - stopped < 10.0, "a released lease was not taken at once"
                 await asyncio.sleep(0.1)
         spec = cluster.get("leases", LEASE)["spec"]  # type: ignore[index]
@@ -216,25 +184,15 @@ async def test_a_leader_cut_off_from_the_api_server_stops_before_another_takes_o
         urls = await asyncio.gather(*(asyncio.to_thread(gw.wait_ready, 60.0) for gw in gws))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
             await cluster.wait_for(lambda: cluster.desired == 2, 30.0)
-            (first,) = [i for i, url in enumerate(urls) if await _leading(s, url)]
+            (first,) = [i for i, url in enumerate(urls) if await leading(s, url)]
             other = 1 - first
             cluster.partitioned.add(f"gw{first}")
             cut = time.monotonic()
-            stepped_down = took_over = None
-            while took_over is None:
-                now = time.monotonic() - cut
-                assert now < 15.0, "no takeover after the partition"
-                old, new = await _leading(s, urls[first]), await _leading(s, urls[other])
-                assert not (old and new), f"two leaders at {now:.1f} s"
-                if not old and stepped_down is None:
-                    stepped_down = now
-                if new:
-                    took_over = now
-                await asyncio.sleep(0.05)
+            stepped_down, took_over = await watch_takeover(s, urls[first], urls[other])
             assert stepped_down is not None and stepped_down <= 2.5 and stepped_down < took_over
             cluster.scale(1)
             await cluster.wait_for(lambda: cluster.desired == 2, 10.0)
-            assert _scalers(cluster, cut) == {f"gw{other}"}
+            assert scalers(cluster, cut) == {f"gw{other}"}
             # the cut-off gateway still routes to the replicas it knows
             async with s.post(urls[first] + "/v1/chat/completions", json=BODY) as r:
                 assert r.status == 200

@@ -11,7 +11,6 @@ refused at once, which is what the store's short timeouts and fail-fast interval
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 from k8s_apiserver import ApiServer, FakeCluster
+from k8s_gateways import gateway_files, leading, scalers, watch_takeover
 from netns import PY, Host, Net, NsProcess, redis_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -168,35 +168,9 @@ def k8s_gateway(
 ) -> NsProcess:
     """Gateway ``i`` on ``host`` (token ``gw<i>``) for the Deployment ``engine``; the static autoscaler wants
     2 replicas, so whoever leads patches the scale back to 2 when it drifts."""
-    kubeconfig = tmp / f"kubeconfig-{i}"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "c", "cluster": {"server": api_url}}],
-        "users": [{"name": "u", "user": {"token": f"gw{i}"}}],
-        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u", "namespace": "llm"}}],
-    }))  # fmt: skip
-    deployment = {
-        "model": "m",
-        "provider": {"kind": "kubernetes", "deployment": "engine", "service": "engine", "port": "http"},
-        "autoscaler": {"policy": "static", "replicas": 2},
-        **extra.get("deployment", {}),
-    }
-    cfg = tmp / f"serve-{i}.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "gateway": {"host": listen_ip, "port": 8080, "metrics_auth": "none"}, "deployments": [deployment],
-        "ops": {"access_log": False}, **extra.get("top", {}),
-    }))  # fmt: skip
-    env = {"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""}
+    gateway = {"host": listen_ip, "port": 8080, "metrics_auth": "none"}
+    cfg, env = gateway_files(tmp, i, api_url, gateway, extra)
     return NsProcess(host, [PY, "-m", "fleetgate.cli", "serve", "--config", str(cfg)], f"gateway-{i}", env)
-
-
-async def leading(s: aiohttp.ClientSession, url: str) -> bool:
-    return await metric(s, url, "fleetgate_leader", '{deployment="m"}') == 1.0
-
-
-def scalers(cluster: FakeCluster, since: float) -> set[str]:
-    """Tokens of the gateways that PATCHed the Deployment's scale after ``since``."""
-    return {tok for t, tok, m, p in cluster.calls if t >= since and m == "PATCH" and p.endswith("/scale")}
 
 
 async def test_redis_lock_leader_cut_off_from_redis_stops_before_the_other_side_leads(
@@ -240,18 +214,10 @@ async def test_redis_lock_leader_cut_off_from_redis_stops_before_the_other_side_
             other = 1 - first
             stores[first].cut(far=rds)
             cut = time.monotonic()
-            stepped_down = took_over = None
-            while took_over is None:
-                now = time.monotonic() - cut
-                assert now < 15.0, "no takeover after the partition"
-                old, new = await leading(s, urls[first]), await leading(s, urls[other])
-                assert not (old and new), f"two leaders at {now:.2f} s"
-                if not old and stepped_down is None:
-                    stepped_down = now
-                    cluster.scale(1)  # drift while nobody may lead: only the next leader restores it
-                if new:
-                    took_over = now
-                await asyncio.sleep(0.05)
+            # drift while nobody may lead: only the next leader restores it
+            stepped_down, took_over = await watch_takeover(
+                s, urls[first], urls[other], on_step_down=lambda: cluster.scale(1)
+            )
             assert stepped_down is not None and stepped_down <= 2.5 and stepped_down < took_over
             await cluster.wait_for(lambda: cluster.desired == 2, 10.0)
             assert scalers(cluster, cut + stepped_down) == {f"gw{other}"}
