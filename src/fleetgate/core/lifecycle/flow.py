@@ -70,7 +70,17 @@ class Lifecycle(Generic[T]):
     dispatch gate (a future in the gateway, a request index in the simulator).
     """
 
-    __slots__ = ("_gate", "demand", "gated", "history", "observers", "policy", "profile", "snapshots")
+    __slots__ = (
+        "_gate",
+        "_settled",
+        "demand",
+        "gated",
+        "history",
+        "observers",
+        "policy",
+        "profile",
+        "snapshots",
+    )
 
     def __init__(
         self,
@@ -91,6 +101,9 @@ class Lifecycle(Generic[T]):
         self._gate: Any = policy.gate
         #: whether the policy has a dispatch gate (``core.routing.gate``)
         self.gated = self._gate is not None
+        # (usage, profile, its settled MU) of the last settlement: the gateway's ``finish`` and ``settle`` of
+        # one request settle the same (immutable) usage, so the second is a lookup
+        self._settled: tuple[Usage | None, CostProfile | None, float] = (None, None, 0.0)
 
     # -- before routing -------------------------------------------------------------------------------------
 
@@ -168,7 +181,15 @@ class Lifecycle(Generic[T]):
     ) -> float:
         """One attempt on ``replica`` ended (``ok``: the replica behaved). Returns the cost the policy was
         told: settled from ``usage`` when the engine reported it, else the estimate."""
-        cost = self.profile.settle(usage) if usage is not None else request.cost_mu
+        if usage is None:
+            cost = request.cost_mu
+        else:
+            held = self._settled
+            if held[0] is usage and held[1] is self.profile:
+                cost = held[2]
+            else:
+                cost = self.profile.settle(usage)
+                self._settled = (usage, self.profile, cost)
         load.end(request.cost_mu, ok, now)
         self.policy.on_complete(request, replica, now, cost, ok)
         for observer in self.observers:
@@ -190,7 +211,12 @@ class Lifecycle(Generic[T]):
                 completion_tokens=streamed_tokens,
                 image_tokens=request.image_tokens,
             )
-        actual = self.profile.settle(usage)
+        held = self._settled
+        if held[0] is usage and held[1] is self.profile:
+            actual = held[2]
+        else:
+            actual = self.profile.settle(usage)
+            self._settled = (usage, self.profile, actual)
         if self.demand is not None:
             self.demand.finish(request.cost_mu, actual, now)
         return actual
