@@ -109,6 +109,7 @@ class BenchParams:
     #: it as written (port 0, warnings only); gold and free use its tenants' keys below
     config: str | None = None
     gold_key: str = GOLD_KEY
+    admin_key: str = ADMIN_KEY
     free_key: str = FREE_KEY
     gold_rate_per_s: float | None = None  # None: gold_share of its reservation at its estimated cost
     flood_concurrency: int = 0  # > 0: free is this many closed-loop clients instead of an open loop
@@ -123,6 +124,7 @@ class Outcome:
     phase: str
     status: int  # HTTP status, or 0 for a client-side error (timeout, reset)
     ttft_s: float | None = None
+    otps: float | None = None  # content chunks after the first / seconds after the first (streams >= 2)
     error: str = ""
     tier: str = ""
     sent_s: float = 0.0  # perf_counter at send
@@ -252,12 +254,18 @@ async def gold_request(
             if resp.status != 200:
                 out.error = (await resp.text())[:200]
             else:
+                chunks, last = 0, 0.0
                 async for line in resp.content:
-                    if out.ttft_s is None and line.startswith(b"data: {"):
+                    if line.startswith(b"data: {"):
                         chunk = orjson.loads(line[6:])
                         choices = chunk.get("choices") or []
                         if choices and (choices[0].get("delta") or {}).get("content"):
-                            out.ttft_s = time.perf_counter() - start
+                            last = time.perf_counter() - start
+                            chunks += 1
+                            if out.ttft_s is None:
+                                out.ttft_s = last
+                if out.ttft_s is not None and chunks >= 2 and last > out.ttft_s:
+                    out.otps = (chunks - 1) / (last - out.ttft_s)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         out.status = 0
         out.error = type(exc).__name__
@@ -502,6 +510,7 @@ def summarize(run: Run) -> dict[str, Any]:
             "gold_ttft_p95_s": quantile(ttfts, 0.95),
             "gold_ttft_p99_s": quantile(ttfts, 0.99),
             "gold_ttft_n": len(ttfts),
+            "gold_otps_p10": quantile([o.otps for o in gold if o.otps is not None], 0.10),
         }
         # Diagnostic only (the acceptance figure is the raw p95 above): gold's p95 without the requests
         # that lived through a host-wide CPU stall, i.e. a 100 ms sample in which the load generator, whose
@@ -557,6 +566,9 @@ def summarize(run: Run) -> dict[str, Any]:
     )
     res["ttft_p50_ratio"] = (
         b["gold_ttft_p50_s"] / a["gold_ttft_p50_s"] if a["gold_ttft_p50_s"] and b["gold_ttft_p50_s"] else None
+    )
+    res["otps_p10_ratio"] = (
+        b["gold_otps_p10"] / a["gold_otps_p10"] if a["gold_otps_p10"] and b["gold_otps_p10"] else None
     )
     res["gold_admitted_share_B"] = b["gold_admitted_share"]
     sent_total = sum(run.sent.values())
@@ -766,6 +778,7 @@ async def _drive(
                 "engines": round((cpu_e[1] - cpu_b[1]) / (t_e - t_b), 3),
             },
         }
+        run.extra["latency_end_of_B"] = await _latency_ledger(session, url, p.admin_key)
         phase[0] = "drain"
         pending = list(tasks)
         if pending:
@@ -793,6 +806,16 @@ async def _drive(
     cpu1 = os.times()
     run.extra["loadgen_cpu_s"] = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     return summarize(run)
+
+
+async def _latency_ledger(session: aiohttp.ClientSession, url: str, key: str) -> Any:
+    """``/admin/capacity``'s latency figures of each deployment (what the gateway measured)."""
+    try:
+        async with session.get(url + "/admin/capacity", headers={"Authorization": f"Bearer {key}"}) as r:
+            body = await r.json()
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+        return {"error": type(exc).__name__}
+    return {d["deployment"]: d.get("latency") for d in body.get("deployments") or []}
 
 
 class FloodProcess:
@@ -885,6 +908,7 @@ async def flood_child(spec: dict[str, Any]) -> None:
 
 def report(res: dict[str, Any]) -> str:
     a, b = res["phases"]["A"], res["phases"]["B"]
+    nan = float("nan")
 
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x * 1000:.0f} ms"
@@ -899,6 +923,8 @@ def report(res: dict[str, Any]) -> str:
         f"gold TTFT  B (+free): p50 {ms(b['gold_ttft_p50_s'])}  p95 {ms(b['gold_ttft_p95_s'])}"
         f"  n={b['gold_ttft_n']}",
         f"ratio B/A: p50 {res['ttft_p50_ratio']:.3f}  p95 {res['ttft_p95_ratio']:.3f}   (target p95 <= 1.10)",
+        f"gold OTPS p10: A {a['gold_otps_p10'] or nan:.0f}  B {b['gold_otps_p10'] or nan:.0f}"
+        f" tokens/s, ratio B/A {res['otps_p10_ratio'] or nan:.3f}",
         f"diagnostic: p95 ratio without requests that lived through a host-wide CPU stall"
         f" {res['ttft_p95_ratio_outside_host_stalls'] or float('nan'):.3f}"
         f" (stall samples A {a['host_stall_samples']}, B {b['host_stall_samples']};"
@@ -964,6 +990,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--config", default=None, help="a fleetgate config whose gateway starts its engines")
     ap.add_argument("--gold-key", default=GOLD_KEY)
     ap.add_argument("--free-key", default=FREE_KEY)
+    ap.add_argument("--admin-key", default=ADMIN_KEY)
     ap.add_argument("--gold-rate", type=float, default=None, help="gold's requests per second")
     ap.add_argument("--gold-max-tokens", type=int, default=BenchParams.gold_max_tokens)
     ap.add_argument("--flood-concurrency", type=int, default=0, help="free as N closed-loop clients")
@@ -1000,6 +1027,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config=args.config,
         gold_key=args.gold_key,
         free_key=args.free_key,
+        admin_key=args.admin_key,
         gold_rate_per_s=args.gold_rate,
         gold_max_tokens=args.gold_max_tokens,
         flood_concurrency=args.flood_concurrency,
