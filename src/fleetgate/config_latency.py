@@ -54,6 +54,11 @@ class LatencyHeadroomConfig(_Strict):
     min_samples: int = Field(
         default=8, ge=2, description="Reserved samples since the last change before the next decision."
     )
+    otps_min_tokens: int = Field(
+        default=16,
+        ge=2,
+        description="Streams shorter than this (output tokens) give no OTPS sample (their rate is jitter).",
+    )
     active_s: float = Field(
         default=5.0,
         gt=0,

@@ -234,3 +234,13 @@ def test_sorted_window_quantiles_equal_sorting_the_window(maxlen: int) -> None:
         if plain:
             for q in (0.0, 0.1, 0.25, 0.5, 0.75, 0.95, 1.0):
                 assert window.quantile(q) == quantile(list(plain), q), (step, q)
+
+
+def test_short_streams_give_no_otps_sample() -> None:
+    """A 4-token stream's rate is the relay's jitter: no OTPS sample below ``otps_min_tokens``."""
+    h = LatencyHeadroom(HeadroomParams(otps_min_tokens=16))
+    _reserved(h, 0.0, 0.1, tokens=4, decode_s=0.01)
+    _reserved(h, 1.0, 0.1, tokens=16, decode_s=0.15)
+    rep = h.report(2.0)["classes"]["reserved"]
+    assert rep["ttft_samples"] == 2 and rep["otps_samples"] == 1
+    assert rep["otps_p10"] == pytest.approx(100.0)

@@ -32,6 +32,7 @@ def headroom_params(cfg: LatencyHeadroomConfig) -> HeadroomParams:
         close_headroom=cfg.close_headroom,
         min_samples=cfg.min_samples,
         active_s=cfg.active_s,
+        otps_min_tokens=cfg.otps_min_tokens,
     )
 
 

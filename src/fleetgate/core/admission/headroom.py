@@ -9,8 +9,9 @@ deployment (``best_effort_limit``; ``None``: no limit).
 
 Signals, per tenant class (``reserved``: every class but best-effort; ``best_effort``)
     TTFT: first content chunk minus arrival (streamed), or the whole response (not streamed: the time to
-    its first byte). OTPS: output tokens after the first divided by the time after the first (streamed,
-    two tokens or more), one sample per stream.
+    its first byte). OTPS: output tokens after the first divided by the time after the first, one sample
+    per stream of at least ``otps_min_tokens`` (16) tokens (the rate of a 3-token stream is the relay's
+    jitter, not the engine's decode rate).
 
 Targets
     Reserved: TTFT p95 and OTPS p10 within ``tolerance`` (10 %) of what reserved requests get *solo*,
@@ -73,6 +74,7 @@ class HeadroomParams:
     baseline_samples: int = 200
     window_samples: int = 200
     active_s: float = 5.0
+    otps_min_tokens: int = 16
     max_limit: int = 100_000
 
 
@@ -196,7 +198,12 @@ class LatencyHeadroom:
             return
         if not request.stream:
             self._sample(request, "ttft", now - request.arrival_s, request.arrival_s, now)
-        elif first is not None and usage is not None and usage.completion_tokens >= 2 and now > first:
+        elif (
+            first is not None
+            and usage is not None
+            and usage.completion_tokens >= self.params.otps_min_tokens
+            and now > first
+        ):
             self._sample(request, "otps", (usage.completion_tokens - 1) / (now - first), first, now)
 
     # -- admission's question -----------------------------------------------------------------------------
