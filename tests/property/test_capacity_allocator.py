@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetgate.core.capacity import (
+    Allocation,
     AllocationContext,
     AllocatorParams,
     AllocatorState,
@@ -60,6 +61,17 @@ def _free(pool: int, deps: list[DeploymentDemand], replicas: dict[str, int] | ob
 reclaim_times = st.sampled_from([0.0, 30.0, 120.0])
 
 
+def _assert_moves_fit(alloc: Allocation, pool: int, deps: list[DeploymentDemand]) -> None:
+    """What drains and starts takes each deployment from what it holds to its allocation, and starts only
+    in GPUs that are physically free."""
+    for d in deps:
+        assert alloc.drain[d.name] == max(0, d.held - alloc.replicas[d.name])
+        assert alloc.start[d.name] <= max(0, alloc.replicas[d.name] - d.held)
+    used_before = sum((d.held + d.draining) * d.gpus_per_replica for d in deps)
+    used_after = used_before + sum(alloc.start[d.name] * d.gpus_per_replica for d in deps)
+    assert used_after <= max(pool, used_before)
+
+
 @settings(max_examples=400, deadline=None)
 @given(case=pools(), reclaim_after_s=reclaim_times, now=st.floats(min_value=0, max_value=1e6))
 def test_never_above_the_pool_nor_above_what_a_deployment_wants(
@@ -72,11 +84,7 @@ def test_never_above_the_pool_nor_above_what_a_deployment_wants(
     assert alloc.gpus(deps) <= pool
     for d in deps:
         assert 0 <= replicas[d.name] <= d.wants
-        assert alloc.drain[d.name] == max(0, d.held - replicas[d.name])
-        assert alloc.start[d.name] <= max(0, replicas[d.name] - d.held)
-    used_before = sum((d.held + d.draining) * d.gpus_per_replica for d in deps)
-    used_after = used_before + sum(alloc.start[d.name] * d.gpus_per_replica for d in deps)
-    assert used_after <= max(pool, used_before)  # starts only in GPUs that are physically free
+    _assert_moves_fit(alloc, pool, deps)
 
 
 @settings(max_examples=400, deadline=None)
@@ -179,6 +187,14 @@ def _run(pool: int, deps: list[DeploymentDemand], reclaim_after_s: float, steps:
     return seen
 
 
+def _assert_no_flapping(seen: list[dict[str, int]]) -> None:
+    """Under constant inputs the allocation changes at most twice, and never back to one it left."""
+    changes = [k for k in range(1, len(seen)) if seen[k] != seen[k - 1]]
+    assert len(changes) <= 2, seen
+    distinct = [seen[0]] + [seen[k] for k in changes]
+    assert all(distinct.count(a) == 1 for a in distinct), distinct
+
+
 @settings(max_examples=300, deadline=None)
 @given(case=pools(), reclaim_after_s=reclaim_times)
 def test_no_flapping_under_constant_inputs(
@@ -186,10 +202,7 @@ def test_no_flapping_under_constant_inputs(
 ) -> None:
     pool, deps = case
     seen = _run(pool, deps, reclaim_after_s, steps=int(reclaim_after_s / 10) + 6)
-    changes = [k for k in range(1, len(seen)) if seen[k] != seen[k - 1]]
-    assert len(changes) <= 2, seen
-    distinct = [seen[0]] + [seen[k] for k in changes]
-    assert all(distinct.count(a) == 1 for a in distinct), distinct  # never back to one it left
+    _assert_no_flapping(seen)
     assert seen[-1] == fair_shares(pool, deps)  # the hold has passed: the fair target, and it stays
 
 
@@ -329,11 +342,7 @@ def test_lending_stays_in_the_pool_and_under_max_replicas(
             assert lent == 0
         elif lent > 0:
             assert alloc.replicas[d.name] <= d.max_replicas
-        assert alloc.drain[d.name] == max(0, d.held - alloc.replicas[d.name])
-        assert alloc.start[d.name] <= max(0, alloc.replicas[d.name] - d.held)
-    used_before = sum((d.held + d.draining) * d.gpus_per_replica for d in deps)
-    used_after = used_before + sum(alloc.start[d.name] * d.gpus_per_replica for d in deps)
-    assert used_after <= max(pool, used_before)
+    _assert_moves_fit(alloc, pool, deps)
 
 
 @settings(max_examples=400, deadline=None)
@@ -375,11 +384,7 @@ def test_lending_does_not_flap_under_constant_inputs(
     case: tuple[int, list[DeploymentDemand]], reclaim_after_s: float
 ) -> None:
     pool, deps = case
-    seen = _run(pool, deps, reclaim_after_s, steps=int(reclaim_after_s / 10) + 6)
-    changes = [k for k in range(1, len(seen)) if seen[k] != seen[k - 1]]
-    assert len(changes) <= 2, seen
-    distinct = [seen[0]] + [seen[k] for k in changes]
-    assert all(distinct.count(a) == 1 for a in distinct), distinct
+    _assert_no_flapping(_run(pool, deps, reclaim_after_s, steps=int(reclaim_after_s / 10) + 6))
 
 
 def test_idle_gpus_are_lent_in_proportion_to_demand() -> None:
