@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,31 +17,66 @@ import aiohttp
 import yaml
 from k8s_apiserver import FakeCluster
 
+from integration_tools import integration_tools
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serve_files(
+    tmp: Path,
+    api_url: str,
+    *,
+    token: str,
+    deployment: dict[str, Any],
+    gateway: dict[str, Any] | None = None,
+    top: dict[str, Any] | None = None,
+    name: str = "serve",
+) -> tuple[Path, dict[str, str]]:
+    """A ``fleetgate serve`` config for model ``m`` on the Deployment ``engine`` (its Service ``engine``,
+    port ``http``) plus ``deployment``'s keys, and the environment with a kubeconfig whose bearer token is
+    ``token`` (so the API server can tell who made each call). ``gateway``: default a free 127.0.0.1 port."""
+    kubeconfig = tmp / f"kubeconfig-{name}"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "c", "cluster": {"server": api_url}}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u", "namespace": "llm"}}],
+    }))  # fmt: skip
+    dep = {
+        "model": "m",
+        "provider": {"kind": "kubernetes", "deployment": "engine", "service": "engine", "port": "http"},
+        **deployment,
+    }
+    config = tmp / f"{name}.yaml"
+    config.write_text(yaml.safe_dump({
+        "gateway": gateway if gateway is not None else {"port": free_port()}, "deployments": [dep],
+        "ops": {"access_log": False}, **(top or {}),
+    }))  # fmt: skip
+    return config, {"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""}
+
+
+def start_serve(config: Path, env: dict[str, str], name: str = "fleetgate-serve") -> Any:
+    """``fleetgate serve --config config`` as an integration ``ServerProcess`` (not waited for)."""
+    tools = integration_tools()
+    return tools.ServerProcess(
+        [tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(config)], name=name, env=env
+    )
+
 
 def gateway_files(
     tmp: Path, i: int, api_url: str, gateway: dict[str, Any], extra: dict[str, Any]
 ) -> tuple[Path, dict[str, str]]:
-    """Gateway ``i``'s serve config and environment: kubeconfig token ``gw<i>`` (so the API server can tell
-    who made each call), the Deployment ``engine`` with a static autoscaler that wants 2 replicas (whoever
-    leads patches the scale back to 2 when it drifts). ``extra``: ``deployment`` and ``top`` keys to add."""
-    kubeconfig = tmp / f"kubeconfig-{i}"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "c", "cluster": {"server": api_url}}],
-        "users": [{"name": "u", "user": {"token": f"gw{i}"}}],
-        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u", "namespace": "llm"}}],
-    }))  # fmt: skip
-    deployment = {
-        "model": "m",
-        "provider": {"kind": "kubernetes", "deployment": "engine", "service": "engine", "port": "http"},
-        "autoscaler": {"policy": "static", "replicas": 2},
-        **extra.get("deployment", {}),
-    }
-    config = tmp / f"serve-{i}.yaml"
-    config.write_text(yaml.safe_dump({
-        "gateway": gateway, "deployments": [deployment], "ops": {"access_log": False}, **extra.get("top", {}),
-    }))  # fmt: skip
-    return config, {"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""}
+    """Gateway ``i`` of several: token ``gw<i>``, a static autoscaler that wants 2 replicas (whoever leads
+    patches the scale back to 2 when it drifts). ``extra``: ``deployment`` and ``top`` keys to add."""
+    deployment = {"autoscaler": {"policy": "static", "replicas": 2}, **extra.get("deployment", {})}
+    return serve_files(
+        tmp, api_url, token=f"gw{i}", deployment=deployment, gateway=gateway, top=extra.get("top"),
+        name=f"serve-{i}",
+    )  # fmt: skip
 
 
 async def leading(session: aiohttp.ClientSession, url: str) -> bool:

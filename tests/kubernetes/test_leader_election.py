@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 from k8s_apiserver import ApiServer, FakeCluster
-from k8s_gateways import gateway_files, leading, scalers, watch_takeover
+from k8s_gateways import free_port, gateway_files, leading, scalers, start_serve, watch_takeover
 
 from fleetgate.providers.kubernetes_rbac import lease_name
-from integration_tools import integration_tools
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -31,19 +29,10 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_t
 LEASE = lease_name("engine")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _gateway(server: ApiServer, tmp_path: Path, i: int, extra: dict[str, Any]) -> Any:
     """Gateway ``i`` (token ``gw<i>``; the static autoscaler wants 2 engine replicas)."""
-    config, env = gateway_files(tmp_path, i, server.url, {"port": _free_port()}, extra)
-    tools = integration_tools()
-    return tools.ServerProcess(
-        [tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(config)], name=f"gateway-{i}", env=env
-    )
+    config, env = gateway_files(tmp_path, i, server.url, {"port": free_port()}, extra)
+    return start_serve(config, env, name=f"gateway-{i}")
 
 
 async def _demand(session: aiohttp.ClientSession, url: str) -> float | None:

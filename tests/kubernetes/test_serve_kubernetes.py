@@ -7,30 +7,21 @@ server is tests/kubernetes/k8s_apiserver.py (test code, 127.0.0.1) and its pods 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 from k8s_apiserver import ApiServer, FakeCluster
+from k8s_gateways import serve_files, start_serve
 
 from fleetgate.providers.kubernetes import KubernetesProvider
-from integration_tools import integration_tools
 
 pytestmark = pytest.mark.timeout(120)
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _replicas(session: aiohttp.ClientSession, url: str) -> set[str]:
@@ -41,29 +32,12 @@ async def _replicas(session: aiohttp.ClientSession, url: str) -> set[str]:
 
 def _start_serve(cluster: FakeCluster, server: ApiServer, tmp_path: Path) -> Any:
     cluster.token = "serve-token"
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "c", "cluster": {"server": server.url}}],
-        "users": [{"name": "u", "user": {"token": "serve-token"}}],
-        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u", "namespace": "llm"}}],
-    }))  # fmt: skip
-    config = tmp_path / "serve.yaml"
-    deployment = {
-        "model": "m",
-        "provider": {"kind": "kubernetes", "deployment": "engine", "service": "engine", "port": "http"},
-        # short enough that the 3 s outage below outlasts the renew deadline
-        "leader_election": {"lease_duration_s": 2.0, "renew_deadline_s": 1.5, "retry_period_s": 0.5},
-    }
-    config.write_text(yaml.safe_dump({
-        "gateway": {"port": _free_port()}, "deployments": [deployment], "ops": {"access_log": False},
-    }))  # fmt: skip
-    tools = integration_tools()
-    return tools.ServerProcess(
-        [tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(config)],
-        name="fleetgate-serve",
-        env={"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""},
+    # short enough that the 3 s outage below outlasts the renew deadline
+    election = {"lease_duration_s": 2.0, "renew_deadline_s": 1.5, "retry_period_s": 0.5}
+    config, env = serve_files(
+        tmp_path, server.url, token="serve-token", deployment={"leader_election": election}
     )
+    return start_serve(config, env)
 
 
 async def _metrics(session: aiohttp.ClientSession, url: str) -> str:

@@ -11,8 +11,6 @@ comes back complete. Observed from outside: the API server's object history, the
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,23 +19,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 from k8s_apiserver import DELETION_COST, ApiServer, FakeCluster
+from k8s_gateways import serve_files, start_serve
 
 from fleetgate.profiles import load_profile
-from integration_tools import integration_tools
 from step_load import Load
 
 pytestmark = pytest.mark.timeout(150)
 
 MAX_REPLICAS = 3
 BODY = {"model": "m", "prompt": "hello there", "max_tokens": 64}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -60,30 +51,9 @@ async def cluster() -> AsyncIterator[tuple[FakeCluster, ApiServer]]:
 
 
 def _start_serve(server: ApiServer, tmp_path: Path, autoscaler: dict[str, Any]) -> Any:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "c", "cluster": {"server": server.url}}],
-        "users": [{"name": "u", "user": {"token": "serve-token"}}],
-        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u", "namespace": "llm"}}],
-    }))  # fmt: skip
-    deployment = {
-        "model": "m",
-        "cost_profile": "fleetgate-sim",
-        "demand_window_s": 5.0,
-        "provider": {"kind": "kubernetes", "deployment": "engine", "service": "engine", "port": "http"},
-        "autoscaler": autoscaler,
-    }
-    config = tmp_path / "serve.yaml"
-    config.write_text(yaml.safe_dump({
-        "gateway": {"port": _free_port()}, "deployments": [deployment], "ops": {"access_log": False},
-    }))  # fmt: skip
-    tools = integration_tools()
-    return tools.ServerProcess(
-        [tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(config)],
-        name="fleetgate-serve",
-        env={"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""},
-    )
+    deployment = {"cost_profile": "fleetgate-sim", "demand_window_s": 5.0, "autoscaler": autoscaler}
+    config, env = serve_files(tmp_path, server.url, token="serve-token", deployment=deployment)
+    return start_serve(config, env)
 
 
 def _scale_history(c: FakeCluster) -> list[tuple[int, int]]:
