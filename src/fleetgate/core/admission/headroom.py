@@ -23,7 +23,8 @@ Headroom
     In units of the tolerance: ``(target - observed) / (tolerance * reference)`` for TTFT (``reference``:
     the solo baseline, or the absolute target), the mirror for OTPS. 1 means "as fast as solo", 0 "at the
     target", negative "beyond it". The ledger reports it for p95 TTFT / p10 OTPS over the recent samples;
-    the controller uses a steadier statistic of the samples since its last change (p75 TTFT, p25 OTPS).
+    the controller uses a steadier statistic of the samples since its last change (p75 TTFT, p25 OTPS;
+    p90 / p10 once 20 samples are in).
 
 Controller (an AIMD limit with a dead band, so admission does not oscillate)
     While no reserved request has been on the deployment for ``active_s``: no limit (best-effort gets the
@@ -267,9 +268,11 @@ class LatencyHeadroom:
             if targets is None:
                 continue
             target, ref = targets
-            # the same shift applied to a steadier quantile of the few samples since the change
+            # the same shift applied to a steadier quantile of the few samples since the change; once
+            # 20 are in (the limit held in the dead band), one nearer the target's tail
             fixed = self.params.reserved.ttft_p95_s if kind == "ttft" else self.params.reserved.otps_p10
-            q = 0.75 if kind == "ttft" else 0.25
+            tail = len(sig.since) >= 20
+            q = (0.9 if tail else 0.75) if kind == "ttft" else (0.1 if tail else 0.25)
             observed = sig.since.quantile(q)
             if fixed is None:  # learned: compare like with like (the baseline's same quantile)
                 ref = sig.baseline.quantile(q)
