@@ -45,6 +45,8 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> ChaosResult:
     result = asyncio.run(run_chaos(workdir, total=total, rate=rate, llama=not LLAMA_MISSING))
     print("\n" + "\n".join(result.log))
     print(result.report.summary())
+    for line in result.report.violations[:20]:  # whole (an assertion message shows them cut short)
+        print("   violation:", line)
     print(
         f"wall {result.wall_s:.1f} s, recovered {result.recovered} in {result.recovery_s:.1f} s, "
         f"failovers {result.failovers}, retried resets {result.resets}, "
