@@ -21,6 +21,8 @@ from typing import IO, Any
 import orjson
 from aiohttp import web
 
+from fleetgate.gateway.errors import REQUEST_ID as REQUEST_KEY
+
 REQUEST_ID: ContextVar[str | None] = ContextVar("fleetgate_request_id", default=None)
 
 SENSITIVE_FIELDS = frozenset(
@@ -125,7 +127,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @web.middleware
 async def request_context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Expose the request id to every log line emitted while handling the request."""
-    token = REQUEST_ID.set(request.get("request_id"))
+    token = REQUEST_ID.set(request.get(REQUEST_KEY))
     try:
         return await handler(request)
     finally:
