@@ -15,7 +15,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
@@ -344,6 +344,7 @@ def build_gateway(
         attach_images(app, images, prestart=cfg.multimodal.prestart, registry=metrics.registry)
     reservations: ReservationBook | None = None
     fleet_ledger: FleetLedger | None = None
+    admission_hooks: tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]] | None = None
     if not isinstance(gate, OpenAdmission):
         from fleetgate.admission.http import add_admin_routes
         from fleetgate.admission.service import AdmissionService
@@ -352,6 +353,8 @@ def build_gateway(
             add_admin_routes(app, gate, pools=pool_loops_)  # /admin/tenants, /admin/usage, /admin/capacity
             reservations = gate.reservations
             fleet_ledger = gate.fleet_ledger
+            if admission is None:  # built here, so owned here (a caller's own admission is the caller's)
+                admission_hooks = (gate.start, gate.aclose)
     ops.install(app, metrics.registry)  # SLO gauges, /admin/status, /ui, request ids in log lines
     server = GatewayServer(
         config=gw,
@@ -366,6 +369,8 @@ def build_gateway(
     if secrets:  # key files (mounted Secrets): read now, then re-read while running
         secrets.refresh(strict=True)
         server.add_loop("secret-files", secrets.run)
+    if admission_hooks is not None:  # first in, last out: stopped after the loops that use its store, and
+        server.add_service("admission", *admission_hooks)  # after every request settled (closes the store)
     for model, leader in leaders.items():  # before the loops it gates
         server.add_service(f"leader-{model}", leader.start, leader.stop)
     for model, share in shares.items():

@@ -132,6 +132,24 @@ async def _gauges(session: aiohttp.ClientSession, url: str) -> dict[str, float |
     return out
 
 
+async def _until(
+    session: aiohttp.ClientSession,
+    url: str,
+    history: list[tuple[float, dict[str, float | None]]],
+    cond: Any,
+    timeout_s: float,
+    gw: Any,
+) -> dict[str, float | None]:
+    """Poll the pool gauges (into ``history``) until ``cond`` holds; fail with the last sample and log."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        history.append((time.monotonic(), await _gauges(session, url)))
+        if cond(history[-1][1]):
+            return history[-1][1]
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"not reached in {timeout_s} s: {history[-1]}\n{gw.output[-3000:]}")
+
+
 class Client:
     """One tenant's requests; every one must come back complete (``failed`` otherwise)."""
 
@@ -338,13 +356,7 @@ async def test_idle_gpus_are_lent_and_taken_back_drained_losing_nothing(tools: A
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
 
             async def until(cond: Any, timeout_s: float) -> dict[str, float | None]:
-                t0 = time.monotonic()
-                while time.monotonic() - t0 < timeout_s:
-                    history.append((time.monotonic(), await _gauges(session, url)))
-                    if cond(history[-1][1]):
-                        return history[-1][1]
-                    await asyncio.sleep(0.25)
-                raise AssertionError(f"not reached in {timeout_s} s: {history[-1]}\n{gw.output[-3000:]}")
+                return await _until(session, url, history, cond, timeout_s, gw)
 
             await until(lambda g: (g["held_a"], g["held_b"], g["lent_a"], g["lent_b"]) == (2, 2, 1, 1), 40.0)
             stop_b, stop_a = asyncio.Event(), asyncio.Event()
@@ -374,6 +386,77 @@ async def test_idle_gpus_are_lent_and_taken_back_drained_losing_nothing(tools: A
         # (503 with Retry-After) while B's capacity falls from 2 replicas to 1
         assert rb.refused == 0 and rb.ok > 5 and ra.ok == ra.sent > 2
         assert be.ok + be.refused == be.sent and be.sent > 5 and be.ok > 0
+        drained = [ln for ln in gw.lines if "chat-b" in ln and "2 -> 1" in ln]
+        assert drained, gw.output[-3000:]  # the pool loop's own account: B scaled 2 -> 1 (a drain)
+    finally:
+        gw.kill()
+
+
+async def test_a_demand_burst_takes_a_lent_replica_back_drained_losing_nothing(
+    tools: Any, tmp_path: Path
+) -> None:
+    """Demand-driven take-back, live: the lending setup (pool of 4, A and B each wanting one replica, each
+    running one lent). A's reserved tenant then offers far more than its reservation (5 requests/s): the
+    excess is best-effort, admitted only within A's capacity and refused beyond it (the reservation's 429
+    with ``Retry-After``). Those refusals count as A's demand (the autoscaler sees what was offered, not only
+    what admission let through: without that A's demand stayed at 2 replicas for 60 s, 196 of 300 requests
+    refused), so A's autoscaler wants 3 and the pool takes B's lent replica, drained first. Nothing is lost:
+    every request is answered or explicitly refused; B's reserved tenant is never refused."""
+    b_scaler = {"policy": "fleetgate", "min_replicas": 1, "max_replicas": 3, "scale_down_delay_s": 600.0}
+    config = _config(tmp_path, b_autoscaler=b_scaler, b_replicas=1)
+    gw = tools.ServerProcess([tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(config)], name="take")
+    history: list[tuple[float, dict[str, float | None]]] = []
+    try:
+        url = gw.wait_ready(90)
+        rb, be, ra = (
+            Client(url, "rb", RB_BODY),
+            Client(url, "be", BE_BODY),
+            Client(url, "ra", {**RA_BODY, "max_tokens": 512}),
+        )
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            lent = (2, 2, 1, 1)
+            await _until(
+                session,
+                url,
+                history,
+                lambda g: (g["held_a"], g["held_b"], g["lent_a"], g["lent_b"]) == lent,
+                40.0,
+                gw,
+            )
+            stop_b, stop_a = asyncio.Event(), asyncio.Event()
+            b_traffic = [  # light: B's own replica serves it, B keeps wanting one
+                asyncio.create_task(rb.closed_loop(session, 1.0, stop_b)),
+                asyncio.create_task(be.open_loop(session, 1.0, stop_b)),
+            ]
+            t_burst = time.monotonic()
+            burst = asyncio.create_task(ra.open_loop(session, 5.0, stop_a))
+            final = await _until(
+                session,
+                url,
+                history,
+                lambda g: g["held_a"] == 3 and g["held_b"] == 1 and g["used"] == 4,
+                60.0,
+                gw,
+            )
+            took_s = time.monotonic() - t_burst
+            stop_a.set()
+            await asyncio.sleep(2.0)  # B's requests keep going after the drain
+            stop_b.set()
+            await asyncio.gather(*b_traffic, burst)
+        demand_a = max((m["demand_a"] or 0) for _, m in history)
+        print(
+            f"take-back {took_s:.1f} s after the burst; A's demand peaked at {demand_a:.0f} replicas; "
+            f"ra {ra.ok} ok + {ra.refused} refused of {ra.sent}; be {be.ok} ok + {be.refused} refused of "
+            f"{be.sent}; rb {rb.ok} ok"
+        )
+        assert final["lent_b"] == 0 and demand_a >= 3
+        assert max(m["used"] or 0 for _, m in history) <= 4, history
+        assert rb.failed == [] and be.failed == [] and ra.failed == [], (rb.failed, be.failed, ra.failed)
+        # nothing lost: every request answered or refused with Retry-After (A's excess and B's best-effort
+        # are best-effort); B's reserved tenant never refused
+        assert rb.refused == 0 and rb.ok > 3
+        assert ra.ok + ra.refused == ra.sent and ra.ok > 0
+        assert be.ok + be.refused == be.sent and be.ok > 0
         drained = [ln for ln in gw.lines if "chat-b" in ln and "2 -> 1" in ln]
         assert drained, gw.output[-3000:]  # the pool loop's own account: B scaled 2 -> 1 (a drain)
     finally:

@@ -484,6 +484,7 @@ class AdmissionService(AdmissionHooks):
                 f"Deployment {model} {what} for best-effort traffic of tenant {tenant.name}. {wait}",
                 retry_after_s=retry,
                 headers=headers,
+                offered_demand=decision.for_capacity,  # not served: the autoscaler counts it
             )
         if not entry.tiers:
             return RateLimitError(
@@ -496,7 +497,9 @@ class AdmissionService(AdmissionHooks):
             msg = f"Too many requests waiting for admission; tenant {tenant.name} on {model}. {wait}"
         else:
             msg = f"Rate limit reached for tenant {tenant.name} on {model}: {meters}. {wait}"
-        return RateLimitError(msg, retry_after_s=retry, headers=headers)
+        # a reserved tenant's excess refused as best-effort for lack of capacity still answers the
+        # reservation's 429, but it is offered demand (``offered_demand``)
+        return RateLimitError(msg, retry_after_s=retry, headers=headers, offered_demand=decision.for_capacity)
 
     # ------------------------------------------------------------------------------------ settle
     async def settle(

@@ -15,6 +15,9 @@ class FleetgateError(Exception):
     status: int = 500
     error_type: str = "server_error"
     code: str | None = None
+    #: Admission refused the request for lack of capacity, not for the tenant's own limits: it is demand
+    #: the fleet did not serve, and the autoscaler counts it (``core.lifecycle.Lifecycle.shed``).
+    offered_demand: bool = False
 
     def __init__(
         self,
@@ -112,9 +115,15 @@ class RateLimitError(FleetgateError):
     code = "rate_limit_exceeded"
 
     def __init__(
-        self, message: str, *, retry_after_s: float, headers: Mapping[str, str] | None = None
+        self,
+        message: str,
+        *,
+        retry_after_s: float,
+        headers: Mapping[str, str] | None = None,
+        offered_demand: bool = False,
     ) -> None:
         super().__init__(message, headers=headers)
+        self.offered_demand = offered_demand
         self.retry_after_s = retry_after_s
 
 
@@ -126,9 +135,15 @@ class ServiceUnavailableError(FleetgateError):
     code = "service_unavailable"
 
     def __init__(
-        self, message: str, *, retry_after_s: float | None = None, headers: Mapping[str, str] | None = None
+        self,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        offered_demand: bool = False,
     ) -> None:
         super().__init__(message, headers=headers)
+        self.offered_demand = offered_demand
         self.retry_after_s = retry_after_s
 
 

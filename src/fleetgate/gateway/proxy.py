@@ -217,7 +217,12 @@ class Proxy:
             # decode. Admission budgets the largest image the deployment can get; settlement the real one.
             image_tokens = 0 if images is None else parsed.image_parts * images.max_image_tokens(parsed.model)
             info = self._request_info(parsed, deployment, tenant, request, request_id, start, image_tokens)
-            ticket = await self.admission.admit(tenant, info, self.admission_clock())
+            try:
+                ticket = await self.admission.admit(tenant, info, self.admission_clock())
+            except FleetgateError as exc:
+                if exc.offered_demand:  # refused for lack of capacity: demand the autoscaler must see
+                    deployment.lifecycle.shed(info, self.clock())
+                raise
             deployment.lifecycle.start(info)
             try:  # from here on the ticket is always settled or released
                 call.headers = ticket_headers(ticket)

@@ -28,7 +28,8 @@ Per deployment and step (the fluid model of ``sim.fluid``, reduced to a constant
   the engine); best-effort takes the capacity left.
 * **Admission** (the same in every mode, so only capacity management differs): reserved work is shed only
   when it would queue longer than ``reserved_queue_timeout_s``; best-effort is admitted while the queue it
-  joins drains within ``best_effort_wait_budget_s`` (default: half the SLO), the rest is shed and counted.
+  joins drains within ``best_effort_wait_budget_s`` (default: half the SLO), the rest is shed and counted
+  (and counted as offered demand in the autoscaler's window, as the gateway counts a capacity refusal).
 * **TTFT** = the queue ahead of the request (reserved: only reserved work; best-effort: both) over the fleet's
   service rate beyond the free batch slots + the prefill queueing of a non-preemptive two-class priority
   queue (M/G/1 with Kingman's correction for bursty arrivals) + half an iteration + its own prefill time
@@ -513,8 +514,12 @@ class CapacitySimulator:
         d.backlog_b -= sb
         served = sr + sb
         d.served_mu += served
-        d.settled.append((now, served))
-        d.settled_sum += served
+        # The autoscaler's demand is what was offered: served MU plus the MU shed for lack of capacity (as
+        # the gateway's DemandMeter counts a capacity refusal); without the shed part a deployment that
+        # sheds reads as needing exactly what it holds.
+        offered = served + (ar - adm_r) + (ab - adm_b)
+        d.settled.append((now, offered))
+        d.settled_sum += offered
         smooth = min(1.0, dt / 30.0)
         d.sm_n += ((cr + cb) / dt - d.sm_n) * smooth
         d.sm_r += (cr / dt - d.sm_r) * smooth

@@ -87,6 +87,10 @@ class Decision:
     waited_s: float = 0.0
     cause: Reason | None = None  # for QUEUE_FULL / DEADLINE: what the request was waiting for
     note: str = ""  # why, when no meter explains it (e.g. no reservation on this model)
+    #: denied for lack of capacity: some tier was refused only by the fleet meter (a reserved tenant's
+    #: excess shed as best-effort included, whose verdict is the reservation's 429), or it waited for idle
+    #: capacity. Offered demand the fleet did not serve: the autoscaler counts it (``DemandMeter.refused``).
+    for_capacity: bool = False
 
     def __post_init__(self) -> None:
         if self.allowed != (self.retry_after_s <= 0):

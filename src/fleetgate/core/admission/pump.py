@@ -213,6 +213,8 @@ class PumpPass:
             at = self.now + outcome.retry_after_s
             self.unblock_s = at if self.unblock_s is None else min(self.unblock_s, at)
         reason = denial_reason(attempt.charges, outcome.blocked)
+        if reason == Reason.SATURATED:
+            entry.capacity_blocked = True  # offered demand the fleet could not take (its verdict may be 429)
         # The first tier (the reservation when there is one) names the verdict; any tier may shorten the wait.
         if attempt.tier == entry.tiers[0] or entry.last_tier is None:
             entry.retry_after_s = outcome.retry_after_s
@@ -531,7 +533,15 @@ class AdmissionCore:
         meters = read_meters(entry.last_charges, entry.last_states, now)
         cause = entry.last_reason if entry.last_tier is not None or entry.last_blocked else None
         waited = max(0.0, now - entry.enqueued_s)
-        entry.decision = Decision(False, retry, reason, tier, (), meters, waited_s=waited, cause=cause)
+        for_capacity = reason != Reason.STORE_UNAVAILABLE and (
+            entry.capacity_blocked
+            or reason == Reason.SATURATED
+            or cause == Reason.SATURATED
+            or (reason == Reason.QUEUE_FULL and tier == Tier.BEST_EFFORT)
+        )
+        entry.decision = Decision(
+            False, retry, reason, tier, (), meters, waited_s=waited, cause=cause, for_capacity=for_capacity
+        )
 
     def settled(
         self, decision: Decision, tenant: TenantLimits, request: RequestInfo, actual_mu: float

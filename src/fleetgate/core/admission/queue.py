@@ -36,6 +36,8 @@ class QueueEntry:
     last_states: Mapping[str, BucketState] = field(default_factory=dict)
     last_blocked: tuple[ChargeKind, ...] = ()
     blocked_wait_s: float = 0.0  # when skipped behind an entry blocked on the same meter: that entry's wait
+    #: some tier was refused only by the fleet meter (the tenant's own meters had room): lack of capacity
+    capacity_blocked: bool = False
     decision: Decision | None = None
     plans: tuple[CapacityView | None, tuple[tuple[Tier, tuple[Charge, ...]], ...]] | None = None
     seen_pass: int = -1  # the full pass that last looked at it (-1: never queued)
@@ -51,6 +53,8 @@ def _apply_skip(
 ) -> None:
     """``entry`` waits behind an earlier entry blocked on the same meter(s): remember why, for its verdict."""
     entry.blocked_wait_s = max(waits[k] for k in blocked)
+    if not entry.capacity_blocked and denial_reason(charges, blocked) == Reason.SATURATED:
+        entry.capacity_blocked = True
     if entry.last_tier is None and tier == entry.tiers[0]:
         kinds = {c.key: c.kind for c in charges}
         entry.last_reason = denial_reason(charges, blocked)

@@ -1,5 +1,12 @@
 """The autoscalers' input: MU demand of one deployment (settled MU over a window plus MU in flight), fed by
-the request lifecycle (``core.lifecycle.Lifecycle``)."""
+the request lifecycle (``core.lifecycle.Lifecycle``).
+
+Demand is what was *offered*, not only what admission let through: a request shed for lack of capacity
+(best-effort refused or timed out in the queue while the deployment is full) joins the window at its
+estimate (:meth:`DemandMeter.refused`). Without it a deployment that sheds could never scale out of
+shedding: its admitted work is capped by the replicas it holds, so its demand reads as exactly what it
+already has. Refusals by the tenant's own rate limit or quota are not fleet demand and are not counted.
+"""
 
 from __future__ import annotations
 
@@ -47,6 +54,14 @@ class DemandMeter:
         while settled and settled[0][0] < oldest:
             self._sum -= settled.popleft()[1]
 
+    def refused(self, estimate_mu: float, now_s: float) -> None:
+        """A request was refused for lack of capacity (never started): its estimate is offered demand the
+        deployment did not serve, counted in the window like a settled request's cost."""
+        if estimate_mu > 0.0:
+            self._settled.append((now_s, estimate_mu))
+            self._sum += estimate_mu
+        self._prune(now_s)
+
     def _prune(self, now_s: float) -> None:
         settled = self._settled
         oldest = now_s - self.window_s
@@ -54,6 +69,6 @@ class DemandMeter:
             self._sum -= settled.popleft()[1]
 
     def settled_mu_per_min(self, now_s: float) -> float:
-        """MU settled in the window, scaled to a per-minute rate."""
+        """MU settled (and offered but refused for capacity) in the window, scaled to a per-minute rate."""
         self._prune(now_s)
         return max(0.0, self._sum) * self._per_min

@@ -221,6 +221,12 @@ class Lifecycle(Generic[T]):
             self.demand.finish(request.cost_mu, actual, now)
         return actual
 
+    def shed(self, request: RequestInfo, now: float) -> None:
+        """Admission refused the request for lack of capacity (not for the tenant's own limits): it never
+        started, but it is demand the autoscaler must see (``DemandMeter.refused``)."""
+        if self.demand is not None:
+            self.demand.refused(request.cost_mu, now)
+
     def release_demand(self, request: RequestInfo, now: float) -> None:
         """The request never ran (refused, failed before any output): nothing settles."""
         if self.demand is not None:
