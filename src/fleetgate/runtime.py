@@ -15,7 +15,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
@@ -230,7 +230,6 @@ def build_gateway(
     gate.use_replica_capacity(lambda m: fleet.deployments[m].snapshots() if m in fleet.deployments else None)
     wire_latency_headroom(gate, fleet, metrics.registry, clock)  # ... and the latency the gateway measures
     images = build_images(cfg)
-
     # Built in dependency order; ``monitors`` is filled below, before anything runs (the scraper's observer
     # and the providers' change callbacks read it only once the gateway has started).
     monitors: dict[str, HealthMonitor] = {}
@@ -344,7 +343,6 @@ def build_gateway(
         attach_images(app, images, prestart=cfg.multimodal.prestart, registry=metrics.registry)
     reservations: ReservationBook | None = None
     fleet_ledger: FleetLedger | None = None
-    admission_hooks: tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]] | None = None
     if not isinstance(gate, OpenAdmission):
         from fleetgate.admission.http import add_admin_routes
         from fleetgate.admission.service import AdmissionService
@@ -353,8 +351,6 @@ def build_gateway(
             add_admin_routes(app, gate, pools=pool_loops_)  # /admin/tenants, /admin/usage, /admin/capacity
             reservations = gate.reservations
             fleet_ledger = gate.fleet_ledger
-            if admission is None:  # built here, so owned here (a caller's own admission is the caller's)
-                admission_hooks = (gate.start, gate.aclose)
     ops.install(app, metrics.registry)  # SLO gauges, /admin/status, /ui, request ids in log lines
     server = GatewayServer(
         config=gw,
@@ -369,8 +365,8 @@ def build_gateway(
     if secrets:  # key files (mounted Secrets): read now, then re-read while running
         secrets.refresh(strict=True)
         server.add_loop("secret-files", secrets.run)
-    if admission_hooks is not None:  # first in, last out: stopped after the loops that use its store, and
-        server.add_service("admission", *admission_hooks)  # after every request settled (closes the store)
+    if admission is None:  # built here, owned here: first in, last out (after the loops using its store)
+        server.add_service("admission", gate.start, gate.aclose)
     for model, leader in leaders.items():  # before the loops it gates
         server.add_service(f"leader-{model}", leader.start, leader.stop)
     for model, share in shares.items():

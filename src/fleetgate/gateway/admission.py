@@ -94,6 +94,12 @@ class Admission(Protocol):
     def record_overhead(self, model: str, mu: float, now: float) -> None:
         """Work the fleet did that no tenant is charged for (failover), for the capacity ledger."""
 
+    async def start(self) -> None:
+        """Before the gateway serves (e.g. check the store)."""
+
+    async def aclose(self) -> None:
+        """After the gateway drained: answer what still waits, close the store."""
+
 
 @dataclass(frozen=True, slots=True)
 class AnonymousTenant:
@@ -133,6 +139,12 @@ class AdmissionHooks:
         self, headroom_of: Callable[[str], LatencyHeadroom | None], clock: Callable[[], float]
     ) -> None:
         """Hold best-effort beyond each deployment's latency-headroom limit (no-op: no tiers here)."""
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
         return None
 
 
