@@ -49,6 +49,7 @@ async def test_reserved_tenant_keeps_ttft_under_a_concurrent_stream_flood(tmp_pa
         config=str(ROOT / "examples" / "tenants.yaml"),
         gold_key="sk-gold-demo",
         free_key="sk-free-demo",
+        admin_key="sk-admin-demo",
         gold_rate_per_s=4.0,
         gold_max_tokens=32,
         flood_concurrency=24,
@@ -88,6 +89,12 @@ async def test_reserved_tenant_keeps_ttft_under_a_concurrent_stream_flood(tmp_pa
     assert set(nb["free_statuses"]) <= {"200", "429", "503"}, summary
     assert nb["free_served_per_s"] < ob["free_served_per_s"], summary
     assert nb["free_statuses"].get("200", 0) > 0, summary  # ... but not shut out
+    # the ledger (/admin/capacity) shows both signals against learned targets, and the gate's limit
+    gate = new["latency_end_of_B"]["fleetgate-sim"]
+    assert gate["enabled"] and gate["reserved_active"] and gate["best_effort_limit"] is not None, summary
+    reserved = gate["classes"]["reserved"]
+    assert reserved["ttft_p95_s_target"] and reserved["otps_p10_target"], summary
+    assert old["latency_end_of_B"]["fleetgate-sim"]["best_effort_limit"] is None, summary
     # ... and with gold idle it is served as without the gate (no starvation)
     nc, oc = new["phases"]["C"], old["phases"]["C"]
     assert set(nc["free_statuses"]) <= {"200", "429"} and nc["free_statuses"].get("200", 0) > 0, summary

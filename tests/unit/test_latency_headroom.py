@@ -8,7 +8,9 @@ import random
 from collections import deque
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from fleetgate.admission.latency import LatencyCollector
 from fleetgate.core.admission import AdmissionMachine, CapacityView, Resolve, TakeCharges, TenantLimits
 from fleetgate.core.admission.buckets import MemoryBuckets
 from fleetgate.core.admission.headroom import (
@@ -258,3 +260,22 @@ def test_a_tail_the_steady_quantile_misses_cuts_once_20_samples_are_in() -> None
     assert h.limit == 4 and h.decisions["cut"] == 0
     _reserved(h, t, 0.1)
     assert h.limit == 2 and h.decisions["cut"] == 1
+
+
+def test_metrics_expose_both_signals_targets_and_the_limit() -> None:
+    h = LatencyHeadroom(HeadroomParams(min_samples=8))
+    t = _learn(h, 0.0, n=10)
+    registry = CollectorRegistry()
+    registry.register(LatencyCollector(lambda: {"m": h}, lambda: t))
+    text = generate_latest(registry).decode()
+    for line in (
+        'fleetgate_latency_ttft_p95_seconds{class="reserved",deployment="m"}',
+        'fleetgate_latency_ttft_p95_target_seconds{class="reserved",deployment="m"}',
+        'fleetgate_latency_otps_p10{class="reserved",deployment="m"}',
+        'fleetgate_latency_otps_p10_target{class="reserved",deployment="m"}',
+        'fleetgate_latency_ttft_headroom{class="reserved",deployment="m"}',
+        'fleetgate_latency_otps_headroom{class="reserved",deployment="m"}',
+        'fleetgate_best_effort_limit{deployment="m"} 1.0',
+        'fleetgate_best_effort_on_engines{deployment="m"} 0.0',
+    ):
+        assert line in text, line
