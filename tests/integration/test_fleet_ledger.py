@@ -2,13 +2,15 @@
 real Redis (FLEETGATE_TEST_REDIS_URL) in front of one simulated engine. Requests go through gateway A (tenant
 gold) and gateway B (tenant silver); afterwards both report in ``/admin/capacity`` the same used MU, the sum
 of what each settled (the tenants' settled MU totals, which the store also keeps), with ``used_scope:
-fleet``, while each gateway's own ledger counts only its share.
+fleet``, while each gateway's own ledger counts only its share; ``fleetgate_tenant_used_mu_per_minute`` is
+the same fleet-wide figure per tenant on both.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -63,6 +65,18 @@ def _send(client: httpx.Client, url: str, tenant: str, n: int) -> None:
         assert r.status_code == 200, r.text
 
 
+def _tenant_used(text: str) -> dict[str, float]:
+    """``fleetgate_tenant_used_mu_per_minute`` of sim-model by tenant label."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"fleetgate_tenant_used_mu_per_minute\{(.*)\} (\S+)", line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            if labels["deployment"] == "sim-model":
+                out[labels["tenant"]] = float(m.group(2))
+    return out
+
+
 def _row(client: httpx.Client, url: str) -> dict[str, Any]:
     (row,) = client.get(f"{url}/admin/capacity", headers=ADMIN).json()["deployments"]
     return dict(row)
@@ -105,6 +119,18 @@ def test_both_gateways_report_the_fleet_sum(tools: Any, start_engine: Any, tmp_p
                 )
             # each gateway's own ledger still counts only what it settled itself: the requests did split
             assert [r["settled_requests_total"] for r in rows] == [6, 4]
+            # fleetgate_tenant_used_mu_per_minute is the ledger's figure too: fleet-wide on both gateways
+            # (gold is reserved, so named on B although B never served it; silver, neither reserved nor
+            # seen by A, is A's ``other``)
+            per_min = {t: settled[t]["settled_mu"] * 60.0 / rows[0]["used_window_s"] for t in settled}
+            for url, names in (
+                (url_a, {"gold": "gold", "other": "silver"}),
+                (url_b, {"gold": "gold", "silver": "silver"}),
+            ):
+                used = _tenant_used(client.get(f"{url}/metrics", headers=ADMIN).text)
+                assert set(used) == set(names), (url, used)
+                for label, tenant in names.items():
+                    assert math.isclose(used[label], per_min[tenant], rel_tol=1e-9), (url, used, per_min)
     finally:
         for g in gateways:
             g.kill()

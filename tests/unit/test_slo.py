@@ -158,6 +158,28 @@ def test_collector_bounded_labels() -> None:
     assert "fleetgate_slo_window_seconds 60.0" in text
 
 
+def test_tenant_used_gauge_is_the_ledgers_when_admission_keeps_one() -> None:
+    """``fleetgate_tenant_used_mu_per_minute``: the capacity ledger's figure (fleet-wide with Redis) when
+    given, under this gateway's labels (unnamed tenants summed as ``other``); else the SLO window's."""
+    tracker = SloTracker(window_s=60, started_s=0)
+    tracker.observe(sample(1.0, tenant="gold", mu=6.0))
+    ledger = {"m": {"gold": 30.0, "seen-elsewhere": 4.0, "also-elsewhere": 1.5}}
+    registry = CollectorRegistry()
+    SloCollector(
+        tracker, lambda: 2.0, lambda: {"gold": {"m": 10.0}}, max_tenants=1, ledger_use=lambda: ledger
+    ).register(registry)
+    text = generate_latest(registry).decode()
+    used = [ln for ln in text.splitlines() if ln.startswith("fleetgate_tenant_used_mu_per_minute{")]
+    assert sorted(used) == [
+        'fleetgate_tenant_used_mu_per_minute{deployment="m",tenant="gold"} 30.0',
+        'fleetgate_tenant_used_mu_per_minute{deployment="m",tenant="other"} 5.5',
+    ]
+    own = CollectorRegistry()
+    SloCollector(tracker, lambda: 2.0, lambda: {}).register(own)  # no ledger: this gateway's window
+    own_used = 'fleetgate_tenant_used_mu_per_minute{deployment="m",tenant="gold"} 180.0'  # 6 MU in 2 s
+    assert own_used in generate_latest(own).decode()
+
+
 def test_build_status_from_real_fleet_objects() -> None:
     dep = build_deployment(
         DeploymentConfig(

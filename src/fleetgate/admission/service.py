@@ -611,6 +611,16 @@ class AdmissionService(AdmissionHooks):
             return fleet, "fleet"
         return self.ledger(model).used_by_tenant(self.clock()), "gateway"
 
+    def tenant_used_mu_per_min(self) -> dict[str, dict[str, float]]:
+        """Per deployment and tenant, MU/min settled over the ledger's window: ``used_by_tenant``'s figures
+        (fleet-wide with a shared store), what ``fleetgate_tenant_used_mu_per_minute`` exports."""
+        out: dict[str, dict[str, float]] = {}
+        for model in sorted(set(self._capacities) | set(self._ledgers)):
+            by_tenant, _ = self.used_by_tenant(model)
+            rate = 60.0 / self.ledger(model).window_s
+            out[model] = {t: mu * rate for t, mu in by_tenant.items() if t != FAILOVER_TENANT}
+        return out
+
     def capacity_overview(self) -> list[dict[str, Any]] | None:
         """Capacity, sold, used and headroom (MU/min) per deployment known to admission.
 

@@ -94,6 +94,11 @@ class Admission(Protocol):
     def record_overhead(self, model: str, mu: float, now: float) -> None:
         """Work the fleet did that no tenant is charged for (failover), for the capacity ledger."""
 
+    def tenant_used_mu_per_min(self) -> Mapping[str, Mapping[str, float]] | None:
+        """Deployment -> tenant -> MU/min settled over the capacity ledger's window, as ``/admin/capacity``
+        reports it (every gateway's with a shared store); ``None``: no ledger here."""
+        ...
+
     async def start(self) -> None:
         """Before the gateway serves (e.g. check the store)."""
 
@@ -139,6 +144,9 @@ class AdmissionHooks:
         self, headroom_of: Callable[[str], LatencyHeadroom | None], clock: Callable[[], float]
     ) -> None:
         """Hold best-effort beyond each deployment's latency-headroom limit (no-op: no tiers here)."""
+        return None
+
+    def tenant_used_mu_per_min(self) -> Mapping[str, Mapping[str, float]] | None:
         return None
 
     async def start(self) -> None:

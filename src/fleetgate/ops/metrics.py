@@ -17,6 +17,12 @@ from fleetgate.ops.slo import Outcome, SloStats, SloTracker, top_tenants
 
 #: tenant -> deployment -> reserved MU/min
 Reservations = Callable[[], Mapping[str, Mapping[str, float]]]
+#: deployment -> tenant -> MU/min settled over the capacity ledger's window (``None``: no ledger)
+LedgerUse = Callable[[], Mapping[str, Mapping[str, float]] | None]
+
+
+def _no_ledger() -> None:
+    return None
 
 
 class SloCollector(Collector):
@@ -29,10 +35,15 @@ class SloCollector(Collector):
         reservations: Reservations = dict,
         *,
         max_tenants: int = 20,
+        ledger_use: LedgerUse = _no_ledger,
     ) -> None:
+        """``ledger_use``: where ``fleetgate_tenant_used_mu_per_minute`` comes from when admission keeps a
+        capacity ledger (the same figure as ``/admin/capacity``: fleet-wide with a Redis store); without
+        one, the SLO window's settled MU of this gateway."""
         self.tracker = tracker
         self.clock = clock
         self.reservations = reservations
+        self.ledger_use = ledger_use
         self.max_tenants = max_tenants
 
     def register(self, registry: CollectorRegistry) -> SloCollector:
@@ -50,6 +61,7 @@ class SloCollector(Collector):
         counts = snap.counts_by_tenant()
         label = top_tenants(counts, {t: sum(d.values()) for t, d in reserved.items()}, self.max_tenants)
         stats = snap.by_tenant_deployment(label)
+        ledger = self.ledger_use()
         labels = ["tenant", "deployment"]
         window = GaugeMetricFamily(
             "fleetgate_slo_window_seconds", "Length of the sliding window the SLO gauges cover."
@@ -92,7 +104,7 @@ class SloCollector(Collector):
         )
         used = GaugeMetricFamily(
             "fleetgate_tenant_used_mu_per_minute",
-            "Model units settled per minute over the window.",
+            "Model units settled per minute over the capacity ledger's window (every gateway's with Redis).",
             labels=labels,
         )
         sold = GaugeMetricFamily(
@@ -116,7 +128,16 @@ class SloCollector(Collector):
                 attainment.add_metric(key, st.attainment)
             if st.ttft_target_s is not None:
                 target.add_metric(key, st.ttft_target_s)
-            used.add_metric(key, st.mu_per_min)
+            if ledger is None:
+                used.add_metric(key, st.mu_per_min)
+        if ledger is not None:  # labels as above; a tenant this gateway does not name is summed as ``other``
+            summed: dict[tuple[str, str], float] = {}
+            for deployment, per_tenant in ledger.items():
+                for tenant, mu in per_tenant.items():
+                    k = (label(tenant), deployment)
+                    summed[k] = summed.get(k, 0.0) + mu
+            for (tenant, deployment), mu in sorted(summed.items()):
+                used.add_metric([tenant, deployment], mu)
         other: dict[str, float] = {}
         for tenant, per_dep in sorted(reserved.items()):
             name = label(tenant)

@@ -215,7 +215,11 @@ class Ops:
         """SLO gauges on ``registry``, request ids in log lines, ``/admin/status`` and ``/ui`` on ``app``
         (called once, by the composition root, before the app starts)."""
         SloCollector(
-            self.tracker, self.clock, self.reservations, max_tenants=self.config.slo.max_tenant_labels
+            self.tracker,
+            self.clock,
+            self.reservations,
+            max_tenants=self.config.slo.max_tenant_labels,
+            ledger_use=self.admission.tenant_used_mu_per_min,
         ).register(registry)
         app.middlewares.append(request_context_middleware)
         self.add_routes(app)
