@@ -17,7 +17,7 @@ import yaml
 from fleetgate.config import DeploymentConfig, FleetgateConfig, GatewayConfig, load_config
 from fleetgate.control import up_config
 from fleetgate.core.units import DEFAULT_PROFILE
-from fleetgate.gateway.fleet import build_deployment
+from fleetgate.gateway.fleet import build_deployment, sends_priority
 from fleetgate.profiles import load_profile, replica_capacity_mu_per_min
 from fleetgate.providers.base import ReplicaInfo
 from fleetgate.runtime import SIM_COST_PROFILE, build_gateway
@@ -246,10 +246,19 @@ def test_example_tenants_reserve_half_the_embedded_fleet() -> None:
     assert load_profile(SIM_COST_PROFILE).capacity_mu_per_min == replica_capacity_mu_per_min(deployment)
 
 
-def test_health_checks_default_on_and_engine_priority_default_off() -> None:
+def test_health_checks_default_on_and_engine_priority_by_dialect() -> None:
+    """Unset `engine_priority` means the dialect's default: on where the engine honours `priority` without a
+    launch flag (the simulated engine, also as the local provider's default engine), off where vLLM/SGLang
+    need theirs and for llama.cpp (which takes none); an explicit value wins where the dialect
+    has priority."""
     assert GatewayConfig().health_checks is True
-    assert DeploymentConfig(model="m").engine_priority is False
+    assert DeploymentConfig(model="m").engine_priority is None
     assert DeploymentConfig(model="m", engine_priority=True).engine_priority is True
+    assert sends_priority(DeploymentConfig(model="m", engine="sim")) is True
+    assert sends_priority(DeploymentConfig(model="m", engine="sim", engine_priority=False)) is False
+    assert sends_priority(DeploymentConfig(model="m", engine="vllm")) is False
+    assert sends_priority(DeploymentConfig(model="m", engine="vllm", engine_priority=True)) is True
+    assert sends_priority(DeploymentConfig(model="m", engine="llamacpp", engine_priority=True)) is False
 
 
 def test_health_series_carry_a_deployment_label() -> None:
