@@ -18,19 +18,21 @@ start_test_redis() {
   local port dir
   port=$("$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   dir=$(mktemp -d)
-  redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no --dir "$dir" \
+  redis-server --bind 127.0.0.1 --port "$port" --databases 32 --save "" --appendonly no --dir "$dir" \
     --daemonize no >"$dir/redis.log" 2>&1 &
   REDIS_PID=$!
   trap 'kill "$REDIS_PID" 2>/dev/null || true; wait "$REDIS_PID" 2>/dev/null || true; rm -rf "'"$dir"'"' EXIT
   for _ in $(seq 1 50); do
     if "$BIN/python" -c "import socket,sys; socket.create_connection(('127.0.0.1', $port), 0.2)" 2>/dev/null; then
       export FLEETGATE_TEST_REDIS_URL="redis://127.0.0.1:$port/0"
+      OWN_REDIS=1
       return 0
     fi
     sleep 0.1
   done
   echo "redis-server did not start; Redis tests will be skipped" >&2
 }
+OWN_REDIS=0  # 1: the Redis below is this run's own, so each parallel worker gets its own database of it
 if [ -z "${FLEETGATE_TEST_REDIS_URL:-}" ]; then start_test_redis; fi
 
 # --- headless Chromium for the /ui screenshot test (tests/integration/test_ui_screenshot.py skips without it).
@@ -74,8 +76,45 @@ export FLEETGATE_REQUIRE_REAL_ENGINES="$REQUIRE"
 export PYTHONPYCACHEPREFIX="${FLEETGATE_CACHE:-$HOME/.cache/fleetgate}/pycache"
 unset PYTHONDONTWRITEBYTECODE
 
+# --- the suite: tests not marked `serial` in FLEETGATE_TEST_WORKERS pytest-xdist workers (default 4: most
+# integration tests wait on timers, health verdicts and simulated latency, not on the CPU), then the `serial`
+# ones (assertions on measured timings, listed in tests/conftest.py) one at a time with nothing beside them.
+# FLEETGATE_TEST_WORKERS=1 runs everything in one serial pytest, as before. Arguments go to both phases.
+WORKERS="${FLEETGATE_TEST_WORKERS:-4}"
+LOGS=$(mktemp -d)
+run_phase() {  # name, pytest arguments...: runs pytest, keeps its output for the summary, sets PHASE_RC
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "== tests, $name: pytest $*" >&2
+  set +e
+  "$BIN/python" -m pytest -q -p no:cacheprovider "${PYTEST_EXTRA[@]}" "$@" 2>&1 | tee "$LOGS/$name.log"
+  PHASE_RC=${PIPESTATUS[0]}
+  set -e
+  echo "== tests, $name: exit $PHASE_RC in $((SECONDS - t0)) s" >&2
+}
+for arg in "$@"; do  # a marker expression of the caller's own would replace the phases' `-m`: one run
+  case $arg in -m|-m*|--markexpr*) echo "== tests: -m given, running serially" >&2; WORKERS=1 ;; esac
+done
 TESTS_T0=$SECONDS
 rc=0
-"$BIN/python" -m pytest -q -p no:cacheprovider "${PYTEST_EXTRA[@]}" "$@" || rc=$?
+if [ "$WORKERS" -le 1 ]; then
+  run_phase serial-all "$@"
+  rc=$PHASE_RC
+else
+  export FLEETGATE_TEST_REDIS_PER_WORKER=${FLEETGATE_TEST_REDIS_PER_WORKER:-$OWN_REDIS}
+  run_phase "parallel-$WORKERS-workers" -n "$WORKERS" --dist loadfile --no-loadscope-reorder -m "not serial" "$@"
+  rc=$PHASE_RC
+  case $rc in  # 0 passed, 1 failures, 5 nothing selected: go on; 2-4 (interrupted, usage error): stop
+    0|1|5)
+      run_phase serial -m serial "$@"
+      # 5 (no test selected) counts only when neither phase selected any test, e.g. PYTEST_ARGS=one/file.py
+      if [ "$rc" = 5 ]; then rc=$PHASE_RC; elif [ "$rc" = 0 ] && [ "$PHASE_RC" != 5 ]; then rc=$PHASE_RC; fi ;;
+  esac
+fi
+if grep -hE '^(FAILED|ERROR) tests/' "$LOGS"/*.log >"$LOGS/failures" 2>/dev/null; then
+  echo "== failures in all phases ($(wc -l <"$LOGS/failures")):" >&2
+  cat "$LOGS/failures" >&2
+fi
+rm -rf "$LOGS"
 echo "== tests took $((SECONDS - TESTS_T0)) s (whole make test step: $SECONDS s)" >&2
 exit "$rc"
