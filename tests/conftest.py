@@ -24,6 +24,7 @@ TESTS = Path(__file__).resolve().parent
 SERIAL: dict[str, str] = {
     "integration/test_noisy_neighbour.py": "gold's p95 TTFT ratio with and without a noisy tenant",
     "integration/test_noisy_neighbour_llama.py": "the same p95 ratio on llama.cpp replicas",
+    "integration/test_noisy_neighbour_headroom.py": "gold's TTFT and OTPS ratios, headroom on and off",
     "integration/test_calibration.py": "held-out MAPE of a model fitted to measured latencies",
     "integration/test_calibration_terms.py": "cache discount and image cost from measured latencies",
     "integration/test_engine_rates_llama.py": "learned prefill rate within 25% of a measured sweep",
@@ -62,6 +63,7 @@ SLOW_FIRST = (
     "sim/test_parity.py",
     "kubernetes/test_discovery.py",
     "integration/test_health_soak.py",
+    "integration/test_fleet_ledger.py",
     "netfaults/test_redis_partition.py",
     "integration/test_gateway_fixes.py",
     "integration/test_gateway_dispatch_gate.py",
