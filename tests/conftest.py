@@ -28,6 +28,12 @@ SERIAL: dict[str, str] = {
     "integration/test_calibration.py": "held-out MAPE of a model fitted to measured latencies",
     "integration/test_calibration_terms.py": "cache discount and image cost from measured latencies",
     "integration/test_engine_rates_llama.py": "learned prefill rate within 25% of a measured sweep",
+    "integration/test_pool_live.py::test_a_reserved_burst_reclaims_a_best_effort_replica_losing_nothing": (
+        "B's reserved p95 TTFT after the reclaim within 1.10x of before"
+    ),
+    "integration/test_health_llama.py::test_crash_is_restarted": (
+        "the verdict's reason: 1 s probes of a live llama-server must answer in time (FAST policy)"
+    ),
     "integration/test_admission_overshoot.py": "the busiest x20-clock minute uses >= 80% of the limit",
     "integration/test_probe_priority.py::test_admission_probe_class_skips_a_full_queue": "admits in < 50 ms",
     "integration/test_redis_store.py::test_fail_closed_then_recovers_without_restart": "fails fast: < 0.1 s",
