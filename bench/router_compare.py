@@ -40,17 +40,38 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from fleetgate.bench.prompts import PromptSynth
 from fleetgate.bench.replay import PlannedRequest, ReplayOptions, plan_requests, run_replay
+from fleetgate.engines.llama import (
+    LlamaServerConfig,
+    build_llama_command,
+    default_binary,
+    missing_llama_parts,
+)
 from fleetgate.sim.traces import default_traces_dir, load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-ROUTERS_VENV = Path(os.environ.get("FLEETGATE_ROUTERS_VENV", Path.home() / ".cache/fleetgate/venv-routers"))
+
+
+def _routers_bin() -> Path:
+    """Where ``sglang-router`` and ``vllm-router`` are: ``$FLEETGATE_ROUTERS_VENV/bin``, else beside this
+    interpreter (``pip install sglang-router vllm-router`` into the project venv), else the separate venv
+    ``~/.cache/fleetgate/venv-routers`` of earlier sessions."""
+    env = os.environ.get("FLEETGATE_ROUTERS_VENV")
+    if env:
+        return Path(env) / "bin"
+    here = Path(sys.executable).parent
+    if (here / "sglang-router").exists() and (here / "vllm-router").exists():
+        return here
+    return Path.home() / ".cache/fleetgate/venv-routers/bin"
+
+
+ROUTERS_BIN = _routers_bin()
 READY = re.compile(r"ready on (http://127\.0\.0\.1:\d+)")
 MODEL = "sim-mooncake"
 
@@ -93,6 +114,45 @@ def engine_facts(time_scale: float) -> dict[str, Any]:
         facts["prefill_tokens_per_s"] = round(chunk / (step * time_scale), 1)
     return facts
 
+
+@dataclass(frozen=True)
+class LlamaFleet:
+    """How ``--engine llama`` replicas run: llama-server with the tiny model, flags as a deployment sets them.
+
+    ``parallel`` slots share ``ctx_size`` tokens of KV; each slot keeps its last prompt, a new request takes
+    the slot whose prompt it matches best when the match is above ``slot_prompt_similarity`` (llama.cpp's
+    default 0.1), and the host-memory prompt cache (``--cache-ram`` MiB) keeps idle slots' prompts and
+    restores the longest cached prefix of a new prompt. ``cache_ram_mib`` is sized like the simulated
+    engines' prefix cache (65,536 tokens at 2,048 bytes of f16 KV per token: 4 layers x 4 KV heads x 32
+    dimensions x K and V), so the replay's working set does not fit one replica and where a conversation's
+    turns land decides the hit rate, as it would with a real model's far larger KV per token.
+    """
+
+    parallel: int = 4
+    ctx_size: int = 16384
+    cache_ram_mib: int = 128
+    cache_reuse: int = 0
+    slot_prompt_similarity: float = 0.1
+    threads: int = 1
+    kv_bytes_per_token: int = 2048
+
+    def config(self, port: int) -> LlamaServerConfig:
+        extra = (
+            "--cache-ram", str(self.cache_ram_mib), "--cache-reuse", str(self.cache_reuse),
+            "--slot-prompt-similarity", str(self.slot_prompt_similarity),
+        )  # fmt: skip
+        return LlamaServerConfig(
+            port=port, parallel=self.parallel, ctx_size=self.ctx_size, threads=self.threads,
+            alias=LLAMA_MODEL, ignore_eos=True, extra_args=extra,
+        )  # fmt: skip
+
+    def cache_tokens(self) -> int:
+        """Prefix-cache capacity of one replica in tokens: the prompt cache plus the slots' own KV (what an
+        operator knows from the flags and the model's KV size, not read from the engine)."""
+        return self.cache_ram_mib * 2**20 // self.kv_bytes_per_token + self.ctx_size
+
+
+LLAMA_MODEL = "tiny-llama"
 
 FLEETGATE_POLICIES = ("fleetgate", "cache_aware", "p2c", "least_requests", "round_robin", "random")
 EXTERNAL = ("sglang-router:cache_aware", "vllm-router:cache_aware", "vllm-router:round_robin")
@@ -230,9 +290,17 @@ class Setup:
     engine_cpus: set[int] | None
     router_cpus: set[int] | None
     policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    engine: str = "sim"  # "sim" (fleetgate engine sim) or "llama" (llama-server, tiny model)
+    llama: LlamaFleet = field(default_factory=LlamaFleet)
+
+    @property
+    def model(self) -> str:
+        return LLAMA_MODEL if self.engine == "llama" else MODEL
 
 
 def start_engines(setup: Setup, tag: str) -> list[Proc]:
+    if setup.engine == "llama":
+        return start_llama(setup, tag)
     procs = [
         spawn(
             f"{tag}-engine{i}",
@@ -248,6 +316,53 @@ def start_engines(setup: Setup, tag: str) -> list[Proc]:
     return procs
 
 
+def start_llama(setup: Setup, tag: str) -> list[Proc]:
+    """Fresh llama-server replicas (cold slot and prompt caches), each ready on /health."""
+    missing = missing_llama_parts()
+    if missing:
+        raise RuntimeError("llama-server not built: " + "; ".join(missing))
+    procs = []
+    for i in range(setup.replicas):
+        port = free_port()
+        proc = spawn(f"{tag}-llama{i}", build_llama_command(setup.llama.config(port)), setup.logdir,
+                     setup.engine_cpus)  # fmt: skip
+        proc.url = f"http://127.0.0.1:{port}"
+        procs.append(proc)
+    for proc in procs:
+        assert proc.url is not None
+        wait_http(proc.url + "/health", proc)
+    return procs
+
+
+def llama_cache_counters(engines: Sequence[Proc]) -> dict[str, Any]:
+    """The replicas' own prompt-cache counters since they started (they start fresh for each contender).
+
+    ``llamacpp:prompt_tokens_total`` counts the prompt tokens a replica evaluated and
+    ``llamacpp:prompt_tokens_cached_total`` those it took from its caches, so the hit rate is cached /
+    (cached + evaluated).
+    """
+    cached = evaluated = 0.0
+    per = []
+    for e in engines:
+        try:
+            with urllib.request.urlopen(f"{e.url}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            per.append(None)
+            continue
+        vals = {}
+        for line in text.splitlines():
+            if line.startswith("llamacpp:") and not line.startswith("#"):
+                name, _, v = line.rpartition(" ")
+                vals[name.removeprefix("llamacpp:")] = float(v)
+        c, ev = vals.get("prompt_tokens_cached_total", 0.0), vals.get("prompt_tokens_total", 0.0)
+        cached, evaluated = cached + c, evaluated + ev
+        per.append({"cached": c, "evaluated": ev, "hit_rate": c / (c + ev) if c + ev else None, **vals})
+    total = cached + evaluated
+    return {"hit_rate": cached / total if total else None, "cached_tokens": cached,
+            "evaluated_tokens": evaluated, "engines": per}  # fmt: skip
+
+
 def start_router(
     contender: str, engines: Sequence[Proc], setup: Setup, tag: str
 ) -> tuple[Proc | None, str, str | None]:
@@ -259,16 +374,14 @@ def start_router(
     if kind == "fleetgate":
         import yaml
 
-        cfg = {
-            "gateway": {"host": "127.0.0.1", "port": 0},
-            "deployments": [
-                {
-                    "model": MODEL,
-                    "routing": {"policy": policy, "params": setup.policy_params.get(policy, {})},
-                    "replicas": [{"name": f"r{i}", "url": u} for i, u in enumerate(urls)],
-                }
-            ],
+        deployment: dict[str, Any] = {
+            "model": setup.model,
+            "routing": {"policy": policy, "params": setup.policy_params.get(policy, {})},
+            "replicas": [{"name": f"r{i}", "url": u} for i, u in enumerate(urls)],
         }
+        if setup.engine == "llama":
+            deployment["engine"] = "llamacpp"
+        cfg = {"gateway": {"host": "127.0.0.1", "port": 0}, "deployments": [deployment]}
         path = setup.logdir / f"{tag}-gateway.yaml"
         path.write_text(yaml.safe_dump(cfg))
         proc = spawn(
@@ -285,9 +398,9 @@ def start_router(
     common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", policy,
               "--prometheus-port", str(mport), "--prometheus-host", "127.0.0.1"]  # fmt: skip
     if kind == "vllm-router":
-        args = [str(ROUTERS_VENV / "bin" / "vllm-router"), *common, "--log-level", "warning"]
+        args = [str(ROUTERS_BIN / "vllm-router"), *common, "--log-level", "warning"]
     elif kind == "sglang-router":
-        args = [str(ROUTERS_VENV / "bin" / "sglang-router"), "launch", *common, "--log-level", "warn"]
+        args = [str(ROUTERS_BIN / "sglang-router"), "launch", *common, "--log-level", "warn"]
     else:
         raise ValueError(f"unknown contender {contender!r}")
     proc = spawn(f"{tag}-{kind}", args, setup.logdir, setup.router_cpus)
@@ -312,10 +425,12 @@ def run_one(
     try:
         router, base, router_metrics = start_router(contender, engines, setup, tag)
         if warmup:
-            asyncio.run(run_replay(warmup, ReplayOptions(base_url=base, model=MODEL, concurrency_limit=1)))
+            asyncio.run(
+                run_replay(warmup, ReplayOptions(base_url=base, model=setup.model, concurrency_limit=1))
+            )
         opts = ReplayOptions(
             base_url=base,
-            model=MODEL,
+            model=setup.model,
             metrics_urls=[f"{e.url}/metrics" for e in engines],
             router_metrics_url=router_metrics,
             concurrency_limit=concurrency_limit,
@@ -328,6 +443,11 @@ def run_one(
         report = asyncio.run(run_replay(planned, opts))
         report["run_wall_s"] = round(time.monotonic() - t0, 1)
         report["router_counters"] = _router_counters(router_metrics)
+        if setup.engine == "llama":
+            # The replay's generic counter mapping takes llama.cpp's evaluated-prompt counter for all prompt
+            # tokens; the hit rate reported for llama-server is computed here from both counters.
+            report["llama_cache"] = llama_cache_counters(engines)
+            report["prefix_cache_hit_rate"] = report["llama_cache"]["hit_rate"]
         return report
     finally:
         stop_all([p for p in (router, *engines) if p is not None])
@@ -518,6 +638,19 @@ def main() -> None:
         "--trace", type=Path, default=default_traces_dir() / "mooncake" / "conversation_trace.jsonl"
     )
     ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument(
+        "--engine", choices=("sim", "llama"), default="sim",
+        help="sim: fleetgate's simulated engine (ENGINE_PROFILE); llama: llama-server with the tiny model.",
+    )  # fmt: skip
+    lf = LlamaFleet()
+    ap.add_argument("--llama-parallel", type=int, default=lf.parallel, help="llama-server --parallel")
+    ap.add_argument("--llama-ctx-size", type=int, default=lf.ctx_size, help="llama-server --ctx-size")
+    ap.add_argument("--llama-cache-ram", type=int, default=lf.cache_ram_mib, help="--cache-ram MiB")
+    ap.add_argument("--llama-cache-reuse", type=int, default=lf.cache_reuse, help="--cache-reuse")
+    ap.add_argument(
+        "--llama-slot-similarity", type=float, default=lf.slot_prompt_similarity,
+        help="llama-server --slot-prompt-similarity",
+    )  # fmt: skip
     ap.add_argument("--requests", type=int, default=1000, help="Replay the trace's first N requests.")
     ap.add_argument("--tokens-scale", type=float, default=1 / 32)
     ap.add_argument("--engine-time-scale", type=float, default=0.25, help="Engines' --time-scale.")
@@ -563,7 +696,9 @@ def main() -> None:
     profile_path.write_text(yaml.safe_dump(ENGINE_PROFILE))
     ncpu = os.cpu_count() or 1
     engine_cpus = router_cpus = None
-    if not args.no_pin and ncpu >= 2:
+    # llama-server replicas are CPU-bound: pinned to one core they would time-share it as one engine, so
+    # they run unpinned (routers and client too) and share the machine's cores.
+    if not args.no_pin and ncpu >= 2 and args.engine == "sim":
         engine_cpus = {ncpu - 1}
         router_cpus = set(range(ncpu - 1))
         with contextlib.suppress(OSError):
@@ -576,8 +711,21 @@ def main() -> None:
         engine_cpus=engine_cpus,
         router_cpus=router_cpus,
         policy_params=json.loads(args.policy_params),
+        engine=args.engine,
+        llama=LlamaFleet(
+            parallel=args.llama_parallel,
+            ctx_size=args.llama_ctx_size,
+            cache_ram_mib=args.llama_cache_ram,
+            cache_reuse=args.llama_cache_reuse,
+            slot_prompt_similarity=args.llama_slot_similarity,
+        ),
     )
-    if not args.no_engine_facts:
+    if args.engine == "llama":
+        # What an operator knows from the flags: the cache size. The prefill rate is learned online.
+        if not args.no_engine_facts:
+            facts = {"cache_tokens_per_replica": setup.llama.cache_tokens()}
+            setup.policy_params["fleetgate"] = {**facts, **setup.policy_params.get("fleetgate", {})}
+    elif not args.no_engine_facts:
         facts = engine_facts(args.engine_time_scale)
         setup.policy_params["fleetgate"] = {**facts, **setup.policy_params.get("fleetgate", {})}
 
@@ -585,6 +733,7 @@ def main() -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     started = time.monotonic()
+    load_at_start = os.getloadavg()[0]
     trace = load_trace(args.trace, max_requests=args.requests)
     synth = PromptSynth(tokens_scale=args.tokens_scale)
     full = plan_requests(trace, synth)  # unscaled arrival times; divided by the rate scale below
@@ -615,20 +764,26 @@ def main() -> None:
             f"load {rep.get('load_max_over_mean_window') or 0:.2f} "
             f"errors {rep['errors']} ({rep['run_wall_s']}s)"
         )
-    overhead_result = overhead(args, setup, full, log) if args.overhead_requests > 0 else {}
+    # The overhead phase needs instant engines (the simulated engine at --time-scale 0).
+    do_overhead = args.overhead_requests > 0 and args.engine == "sim"
+    overhead_result = overhead(args, setup, full, log) if do_overhead else {}
     ok = {k: v for k, v in results.items() if "failed" not in v}
     meta = {
         "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"),
         "machine": f"{_cpu_model()}, {ncpu} CPUs, Python {platform.python_version()}",
+        "load_avg_at_start": load_at_start,
         "load_avg_at_end": os.getloadavg()[0],
+        "engine": args.engine,
+        "llama": asdict(setup.llama) if args.engine == "llama" else None,
+        "llama_server": str(default_binary()) if args.engine == "llama" else None,
         "command": " ".join(sys.argv),
         "trace": str(args.trace),
         "requests": len(full),
         "rate_scale": rate,
         "replay_span_s": planned[-1].at_s if planned else 0.0,
         "replicas": args.replicas,
-        "engine_time_scale": args.engine_time_scale,
-        "engine_profile": ENGINE_PROFILE["perf"],
+        "engine_time_scale": args.engine_time_scale if args.engine == "sim" else None,
+        "engine_profile": ENGINE_PROFILE["perf"] if args.engine == "sim" else None,
         "policy_params": setup.policy_params,
         "tokens_scale": args.tokens_scale,
         "pinning": {"engines": sorted(engine_cpus or []), "routers_and_client": sorted(router_cpus or [])},

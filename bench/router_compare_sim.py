@@ -14,6 +14,17 @@ contention (the live p95s are 0.05-0.1 s higher), but it ranked the policies lik
         [--params '{"x": {"spill_factor": 2.0}}'] [--slices 0,1000,...] [--rate 6] [--replicas 4]
 
 ``name@tag`` runs policy ``name`` with ``params[tag]`` (on top of the engine facts for fleetgate).
+
+``--engine llama`` predicts ``router_compare.py --engine llama`` instead: llama-server replicas of the tiny
+model as a calibrated engine model (``llama_engine``: slots as ``max_num_seqs``, the slots' context plus the
+prompt cache as the prefix cache, the prefill rate measured by ``fleetgate calibrate`` against one replica,
+``--prefill-tokens-per-s``), prompt lengths in the engine's tokens (``--tokens-per-word``: the synthesised
+prompts' words are several BPE tokens each; the live run's usage gives the factor), any trace
+(``--trace``). fleetgate gets what the live run gives it: the cache size from the flags; its prefill rate
+is learned online in both.
+
+    .venv/bin/python bench/router_compare_sim.py --engine llama --trace T --tokens-scale 0.0078125 \
+        --rate 1.5 --replicas 3 --slices 0 --requests 500 --prefill-tokens-per-s 5747 --tokens-per-word 2.5
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from router_compare import ENGINE_PROFILE, engine_facts
+from router_compare import ENGINE_PROFILE, LlamaFleet, engine_facts
 
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.units import DEFAULT_PROFILE
@@ -52,28 +63,137 @@ def live_engine(time_scale: float) -> PerfParams:
     )
 
 
-def scaled_slice(reqs: list[TraceRequest], rate: float, tokens_scale: float) -> Trace:
+def llama_engine(
+    fleet: LlamaFleet, prefill_tokens_per_s: float, decode_step_s: float, block_tokens: int
+) -> PerfParams:
+    """A calibrated engine model of one llama-server replica run with ``fleet``'s flags.
+
+    Slots are sequences (``--parallel``), ``--batch-size`` 512 tokens per iteration, each slot's context
+    ``ctx_size / parallel``; the prefix cache holds ``fleet.cache_tokens()`` (the slots' KV plus the prompt
+    cache) in blocks of the trace's scaled block size. Prefill costs ``1 / prefill_tokens_per_s`` per token;
+    an iteration ``decode_step_s`` (one thread: the slots' decode shares it, hence no per-sequence term).
+    """
+    return PerfParams(
+        max_num_seqs=fleet.parallel,
+        kv_capacity_tokens=fleet.ctx_size,
+        block_tokens=block_tokens,
+        max_num_batched_tokens=512,
+        prefix_cache_blocks=fleet.cache_tokens() // block_tokens,
+        step_overhead_s=decode_step_s,
+        prefill_s_per_token=1.0 / prefill_tokens_per_s,
+        decode_s_per_seq=0.0,
+        decode_s_per_kv_token=0.0,
+        max_model_len=fleet.ctx_size // fleet.parallel,
+    )
+
+
+def scaled_slice(
+    reqs: list[TraceRequest], rate: float, tokens_scale: float, input_factor: float = 1.0
+) -> Trace:
+    """``reqs`` from their first arrival at ``rate`` x, lengths scaled like the live prompts (input lengths
+    also by ``input_factor``, engine tokens per synthesised word)."""
     t0 = reqs[0].arrival_s
 
     def sc(x: int) -> int:
         return max(1, round(x * tokens_scale))
+
+    def sci(x: int) -> int:
+        return max(1, round(x * tokens_scale * input_factor))
 
     return Trace(
         "mooncake-scaled",
         [
             TraceRequest(
                 arrival_s=(r.arrival_s - t0) / rate,
-                input_tokens=sc(r.input_tokens),
+                input_tokens=sci(r.input_tokens),
                 output_tokens=sc(r.output_tokens),
                 tenant=r.tenant,
                 hash_ids=r.hash_ids,
-                block_tokens=max(1, round(r.block_tokens * tokens_scale)),
+                block_tokens=sci(r.block_tokens),
                 session=r.session,
             )
             for r in reqs
         ],
         "mooncake",
     )
+
+
+#: What the simulator runs for each live contender (it has no model of vllm-router's own cache_aware).
+SIM_POLICY = {
+    "fleetgate:fleetgate": "fleetgate",
+    "fleetgate:cache_aware": "cache_aware",
+    "fleetgate:round_robin": "round_robin",
+    "fleetgate:least_requests": "least_requests",
+    "fleetgate:p2c": "p2c",
+    "sglang-router:cache_aware": "cache_aware",
+    "vllm-router:round_robin": "round_robin",
+}
+
+
+def live_words(meta: dict[str, Any]) -> int:
+    """Words of the prompts the live run sent (the same synthesiser, trace slice and scale)."""
+    from fleetgate.bench.prompts import PromptSynth
+    from fleetgate.bench.replay import plan_requests
+
+    trace = load_trace(meta["trace"], max_requests=meta["requests"])
+    planned = plan_requests(trace, PromptSynth(tokens_scale=meta["tokens_scale"]))
+    return sum(len(r.prompt.split()) for r in planned)
+
+
+def apply_live(args: argparse.Namespace, live: dict[str, Any]) -> None:
+    """Set ``args`` to predict the live llama run ``live`` (``router_compare.py --engine llama --out``)."""
+    meta = live["meta"]
+    args.engine = "llama"
+    args.trace = Path(meta["trace"])
+    args.requests = meta["requests"]
+    args.slices = "0"
+    args.rate = meta["rate_scale"]
+    args.replicas = meta["replicas"]
+    args.tokens_scale = meta["tokens_scale"]
+    args.llama_cache_ram = meta["llama"]["cache_ram_mib"]
+    ok = [r for r in live["results"].values() if "failed" not in r and r.get("errors") == 0]
+    if ok:  # engine tokens per synthesised word (the chat template's few tokens per request included)
+        args.tokens_per_word = ok[0]["prompt_tokens"] / live_words(meta)
+    names = [SIM_POLICY[c] for c in live["results"] if c in SIM_POLICY]
+    args.policies = ",".join(dict.fromkeys(["fleetgate", *names]))
+    print(f"predicting {args.from_live}: tokens per word {args.tokens_per_word:.3f}", file=sys.stderr)
+
+
+def compare_live(live: dict[str, Any], out: dict[str, list[tuple[float, float, float, float, float]]]) -> str:
+    """fleetgate's p95 over each other contender's, live and predicted; within 15% is the acceptance bar."""
+    res = {k: v for k, v in live["results"].items() if "failed" not in v}
+    me = res.get("fleetgate:fleetgate")
+    if me is None:
+        return "(no live fleetgate:fleetgate result)"
+    sim_me = out["fleetgate"][0]
+    lines = [
+        "| other | live p95 s | sim p95 s | live hit | sim hit | live fleetgate/other p95 "
+        "| predicted | error | within 15% |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| (fleetgate:fleetgate) | {me['ttft_s']['p95']:.3f} | {sim_me[0]:.3f} "
+        f"| {me.get('prefix_cache_hit_rate') or 0:.3f} | {sim_me[1]:.3f} | | | | |",
+    ]
+    for name, r in res.items():
+        if name == "fleetgate:fleetgate":
+            continue
+        live_ratio = me["ttft_s"]["p95"] / r["ttft_s"]["p95"]
+        pol = SIM_POLICY.get(name)
+        hit = r.get("prefix_cache_hit_rate") or 0.0
+        if pol is None:
+            lines.append(
+                f"| {name} | {r['ttft_s']['p95']:.3f} | - | {hit:.3f} | - | {live_ratio:.3f} "
+                "| (not modelled) | | |"
+            )
+            continue
+        sim = out[pol][0]
+        pred = sim_me[0] / sim[0]
+        err = pred / live_ratio - 1.0
+        ok = "yes" if abs(err) <= 0.15 else "no"
+        lines.append(
+            f"| {name} | {r['ttft_s']['p95']:.3f} | {sim[0]:.3f} | {hit:.3f} | {sim[1]:.3f} "
+            f"| {live_ratio:.3f} | {pred:.3f} | {err:+.1%} | {ok} |"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -87,17 +207,41 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=0.25)
     ap.add_argument("--tokens-scale", type=float, default=1 / 32)
     ap.add_argument("--no-engine-facts", action="store_true")
+    ap.add_argument("--engine", choices=("sim", "llama"), default="sim")
+    ap.add_argument("--trace", type=Path, default=None, help="Default: the Mooncake conversation trace.")
+    ap.add_argument("--prefill-tokens-per-s", type=float, default=5747.0, help="llama: calibrated prefill.")
+    ap.add_argument("--decode-step-s", type=float, default=0.003, help="llama: one iteration's time.")
+    ap.add_argument("--tokens-per-word", type=float, default=1.0, help="llama: engine tokens per word.")
+    ap.add_argument("--llama-cache-ram", type=int, default=LlamaFleet().cache_ram_mib)
+    ap.add_argument("--json", type=Path, default=None, help="Also write every slice's figures here.")
+    ap.add_argument(
+        "--from-live", type=Path, default=None,
+        help="A router_compare.py --engine llama result: predict that run (its trace, slice, rate, replicas,"
+        " scale, cache; tokens per word from its usage) and compare every fleetgate/other p95 ratio.",
+    )  # fmt: skip
     args = ap.parse_args()
+    live: dict[str, Any] | None = None
+    if args.from_live:
+        live = json.loads(args.from_live.read_text())
+        apply_live(args, live)
     starts = [int(x) for x in args.slices.split(",")]
-    path = default_traces_dir() / "mooncake" / "conversation_trace.jsonl"
+    path = args.trace or default_traces_dir() / "mooncake" / "conversation_trace.jsonl"
     full = load_trace(path, max_requests=max(starts) + args.requests).requests
-    perf = live_engine(args.time_scale)
-    facts = {} if args.no_engine_facts else engine_facts(args.time_scale)
+    factor = 1.0
+    if args.engine == "llama":
+        factor = args.tokens_per_word
+        fleet = LlamaFleet(cache_ram_mib=args.llama_cache_ram)
+        block = max(1, round(512 * args.tokens_scale * factor))
+        perf = llama_engine(fleet, args.prefill_tokens_per_s, args.decode_step_s, block)
+        facts = {} if args.no_engine_facts else {"cache_tokens_per_replica": fleet.cache_tokens()}
+    else:
+        perf = live_engine(args.time_scale)
+        facts = {} if args.no_engine_facts else engine_facts(args.time_scale)
     params: dict[str, dict[str, Any]] = json.loads(args.params)
     names = args.policies.split(",")
     out: dict[str, list[tuple[float, float, float, float, float]]] = {}
     for st in starts:
-        trace = scaled_slice(full[st : st + args.requests], args.rate, args.tokens_scale)
+        trace = scaled_slice(full[st : st + args.requests], args.rate, args.tokens_scale, factor)
         for label in names:
             name, _, tag = label.partition("@")
             p = {**(facts if name == "fleetgate" else {}), **params.get(tag or name, {})}
@@ -139,6 +283,16 @@ def main() -> None:
             f"| {hit.mean():.3f} | {' '.join(f'{a[0]:.2f}' for a in v)} | {max(a[2] for a in v):.2f} "
             f"| {geo(v, 3):.3f} | {geo(v, 4):.3f} |"
         )
+
+    if live is not None:
+        print()
+        print(compare_live(live, out))
+
+    if args.json:
+        keys = ("p95_s", "hit_rate", "max_over_mean_load", "p50_s", "p99_s")
+        rows = {k: [dict(zip(keys, v, strict=True)) for v in vals] for k, vals in out.items()}
+        args.json.write_text(json.dumps({"slices": starts, "args": vars(args) | {"trace": str(path),
+                             "json": str(args.json)}, "policies": rows}, indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":
