@@ -16,9 +16,18 @@ one request at a time, against the client talking straight to an engine.
     .venv/bin/python bench/router_compare.py --out bench/results/router_compare.json --md /tmp/rc.md
     .venv/bin/python bench/router_compare.py --quick          # ~3 minutes smoke run
 
-Engines are pinned to the last CPU and routers/gateway/client to the others (2-core machine: 1 + 1); see
-``--no-pin``. Everything binds 127.0.0.1 on free ports; every child runs in its own process group and is
-killed on exit.
+``--engine llama`` runs llama-server replicas of the tiny model instead (``LlamaFleet``: slots, slot prompt
+similarity and prompt cache as a deployment sets them), reads the hit rate from their ``llamacpp:`` prompt
+counters and skips the overhead phase; ``--probe-prefill`` only measures one replica's prefill cost for
+``router_compare_sim.py``'s engine model. ``fleetgate:policy@variant`` runs ``policy`` with
+``--policy-params``' ``variant`` entry on top (e.g. the default with ``{"nogate": {"gate": "off"}}``).
+
+    .venv/bin/python bench/router_compare.py --engine llama --replicas 3 --requests 500 \
+        --tokens-scale 0.0078125 --rate-scale 1.5 --calibration-steps 0 --only fleetgate:fleetgate,...
+
+Simulated engines are pinned to the last CPU and routers/gateway/client to the others (2-core machine:
+1 + 1; llama-server replicas are not pinned); see ``--no-pin``. Everything binds 127.0.0.1 on free ports;
+every child runs in its own process group and is killed on exit.
 """
 
 from __future__ import annotations
@@ -374,9 +383,13 @@ def start_router(
     if kind == "fleetgate":
         import yaml
 
+        # "fleetgate:name@variant": policy ``name`` with ``--policy-params``' ``variant`` entry over its own
+        name, _, variant = policy.partition("@")
+        params = {**setup.policy_params.get(name, {}), **setup.policy_params.get(variant, {})}
+
         deployment: dict[str, Any] = {
             "model": setup.model,
-            "routing": {"policy": policy, "params": setup.policy_params.get(policy, {})},
+            "routing": {"policy": name, "params": params},
             "replicas": [{"name": f"r{i}", "url": u} for i, u in enumerate(urls)],
         }
         if setup.engine == "llama":
@@ -473,6 +486,47 @@ def _router_counters(url: str | None) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------------------------- calibration
+
+
+def probe_llama_prefill(setup: Setup, log: Any, repeats: int = 3) -> dict[str, Any]:
+    """Prefill cost of one llama-server replica as the simulator's engine model needs it.
+
+    Sequential requests (nothing else on the replica), cold prompts of 64-3,000 tokens and the same prompts
+    extended after a cached prefix; each response's ``timings`` (the engine's own ``prompt_n``, ``cache_n``,
+    ``prompt_ms``) fit ``t = a * n + b * n * (2c + n)`` for ``n`` evaluated tokens after ``c`` cached ones
+    (``PerfParams.prefill_s_per_token`` and ``prefill_s_per_token_sq``). Median of ``repeats`` per shape.
+    """
+    import numpy as np
+
+    synth = PromptSynth(tokens_scale=1.0, source_block_tokens=16)
+    engines = start_llama(replace(setup, replicas=1), "probe")
+    rows: list[tuple[float, int, int]] = []
+    try:
+        url = f"{engines[0].url}/v1/chat/completions"
+        for k, words in enumerate((16, 64, 128, 256, 512, 768)):
+            base = synth.text(tuple(range(k * 1000, k * 1000 + words // 16)), words, unique_key=f"p{k}")
+            for extra, rep in [(0, r) for r in range(repeats)] + [(48, r) for r in range(repeats)]:
+                tail = "" if not extra else synth.text((), extra, unique_key=f"t{k}-{rep}")
+                # cold: a fresh unique prefix word each time; warm: the same base, a new tail
+                head = f"probe{k}x{rep} " if not extra else ""
+                body = {"model": setup.model, "max_tokens": 1, "temperature": 0,
+                        "messages": [{"role": "user", "content": head + base + tail}]}  # fmt: skip
+                req = urllib.request.Request(
+                    url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+                )
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    t = json.load(resp)["timings"]
+                rows.append((t["prompt_ms"] / 1000.0, int(t["prompt_n"]), int(t.get("cache_n", 0))))
+    finally:
+        stop_all(engines)
+    a_mat = np.array([[n, n * (2 * c + n)] for _, n, c in rows], dtype=float)
+    y = np.array([r[0] for r in rows])
+    (a, b), *_ = np.linalg.lstsq(a_mat, y, rcond=None)
+    mape = float(np.mean(np.abs(a_mat @ np.array([a, b]) - y) / y))
+    out = {"prefill_tokens_per_s": 1.0 / a if a > 0 else None, "prefill_s_per_token_sq": float(b),
+           "mape": mape, "samples": rows, "load_avg": os.getloadavg()[0]}  # fmt: skip
+    log(f"llama prefill probe: 1/a = {1.0 / a:.0f} tokens/s, b = {b:.3e} s, MAPE {mape:.1%}")
+    return out
 
 
 def calibrate(
@@ -676,6 +730,10 @@ def main() -> None:
         action="store_true",
         help="Do not pass the engines' cache size and prefill rate to fleetgate (see engine_facts).",
     )
+    ap.add_argument(
+        "--probe-prefill", action="store_true",
+        help="llama: only measure one replica's prefill cost (for router_compare_sim.py) and exit.",
+    )  # fmt: skip
     ap.add_argument("--no-pin", action="store_true")
     ap.add_argument("--quick", action="store_true", help="Smoke run: 240 requests, no calibration.")
     ap.add_argument("--out", type=Path, default=None, help="Write all results as JSON here.")
@@ -732,6 +790,12 @@ def main() -> None:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
+    if args.probe_prefill:
+        probe = probe_llama_prefill(replace(setup, engine="llama"), log)
+        print(json.dumps({k: v for k, v in probe.items() if k != "samples"}, indent=2))
+        if args.out:
+            args.out.write_text(json.dumps(probe, indent=2))
+        return
     started = time.monotonic()
     load_at_start = os.getloadavg()[0]
     trace = load_trace(args.trace, max_requests=args.requests)
@@ -749,8 +813,10 @@ def main() -> None:
 
     results: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(contenders):
+        load_before = os.getloadavg()[0]
         try:
             rep = run_one(name, planned, setup, f"run{i}")
+            rep["load_avg_1min"] = [load_before, os.getloadavg()[0]]  # the machine's, before and after
         except Exception as exc:
             log(f"{name}: FAILED {exc}")
             results[name] = {"failed": str(exc)[:2000], "ttft_s": {"p50": None, "p95": None, "p99": None},
@@ -762,7 +828,8 @@ def main() -> None:
             f"{name}: TTFT p50/p95/p99 {t['p50']:.3f}/{t['p95']:.3f}/{t['p99']:.3f}s "
             f"hit {rep.get('prefix_cache_hit_rate') or 0:.3f} "
             f"load {rep.get('load_max_over_mean_window') or 0:.2f} "
-            f"errors {rep['errors']} ({rep['run_wall_s']}s)"
+            f"errors {rep['errors']} ({rep['run_wall_s']}s, "
+            f"load avg {load_before:.1f}->{os.getloadavg()[0]:.1f})"
         )
     # The overhead phase needs instant engines (the simulated engine at --time-scale 0).
     do_overhead = args.overhead_requests > 0 and args.engine == "sim"

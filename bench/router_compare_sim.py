@@ -64,14 +64,20 @@ def live_engine(time_scale: float) -> PerfParams:
 
 
 def llama_engine(
-    fleet: LlamaFleet, prefill_tokens_per_s: float, decode_step_s: float, block_tokens: int
+    fleet: LlamaFleet,
+    prefill_tokens_per_s: float,
+    decode_step_s: float,
+    block_tokens: int,
+    prefill_s_per_token_sq: float = 0.0,
 ) -> PerfParams:
     """A calibrated engine model of one llama-server replica run with ``fleet``'s flags.
 
     Slots are sequences (``--parallel``), ``--batch-size`` 512 tokens per iteration, each slot's context
     ``ctx_size / parallel``; the prefix cache holds ``fleet.cache_tokens()`` (the slots' KV plus the prompt
-    cache) in blocks of the trace's scaled block size. Prefill costs ``1 / prefill_tokens_per_s`` per token;
-    an iteration ``decode_step_s`` (one thread: the slots' decode shares it, hence no per-sequence term).
+    cache) in blocks of the trace's scaled block size. Prefill costs ``1 / prefill_tokens_per_s`` per token
+    plus ``prefill_s_per_token_sq`` per token and position attended (a cached prefix still costs its
+    attention: with the tiny model's 256-wide layers that dominates long prompts); an iteration
+    ``decode_step_s`` (one thread: the slots' decode shares it, hence no per-sequence term).
     """
     return PerfParams(
         max_num_seqs=fleet.parallel,
@@ -81,6 +87,7 @@ def llama_engine(
         prefix_cache_blocks=fleet.cache_tokens() // block_tokens,
         step_overhead_s=decode_step_s,
         prefill_s_per_token=1.0 / prefill_tokens_per_s,
+        prefill_s_per_token_sq=prefill_s_per_token_sq,
         decode_s_per_seq=0.0,
         decode_s_per_kv_token=0.0,
         max_model_len=fleet.ctx_size // fleet.parallel,
@@ -210,6 +217,7 @@ def main() -> None:
     ap.add_argument("--engine", choices=("sim", "llama"), default="sim")
     ap.add_argument("--trace", type=Path, default=None, help="Default: the Mooncake conversation trace.")
     ap.add_argument("--prefill-tokens-per-s", type=float, default=5747.0, help="llama: calibrated prefill.")
+    ap.add_argument("--prefill-s-per-token-sq", type=float, default=0.0, help="llama: attention term.")
     ap.add_argument("--decode-step-s", type=float, default=0.003, help="llama: one iteration's time.")
     ap.add_argument("--tokens-per-word", type=float, default=1.0, help="llama: engine tokens per word.")
     ap.add_argument("--llama-cache-ram", type=int, default=LlamaFleet().cache_ram_mib)
@@ -232,7 +240,9 @@ def main() -> None:
         factor = args.tokens_per_word
         fleet = LlamaFleet(cache_ram_mib=args.llama_cache_ram)
         block = max(1, round(512 * args.tokens_scale * factor))
-        perf = llama_engine(fleet, args.prefill_tokens_per_s, args.decode_step_s, block)
+        perf = llama_engine(
+            fleet, args.prefill_tokens_per_s, args.decode_step_s, block, args.prefill_s_per_token_sq
+        )
         facts = {} if args.no_engine_facts else {"cache_tokens_per_replica": fleet.cache_tokens()}
     else:
         perf = live_engine(args.time_scale)
@@ -291,8 +301,9 @@ def main() -> None:
     if args.json:
         keys = ("p95_s", "hit_rate", "max_over_mean_load", "p50_s", "p99_s")
         rows = {k: [dict(zip(keys, v, strict=True)) for v in vals] for k, vals in out.items()}
-        args.json.write_text(json.dumps({"slices": starts, "args": vars(args) | {"trace": str(path),
-                             "json": str(args.json)}, "policies": rows}, indent=2))  # fmt: skip
+        argv = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        doc = {"slices": starts, "args": argv, "trace_path": str(path), "policies": rows}
+        args.json.write_text(json.dumps(doc, indent=2))
 
 
 if __name__ == "__main__":
