@@ -134,3 +134,68 @@ def test_both_gateways_report_the_fleet_sum(tools: Any, start_engine: Any, tmp_p
     finally:
         for g in gateways:
             g.kill()
+
+
+def test_a_follower_shows_the_pool_leaders_decisions_and_history(tools: Any, tmp_path: Path) -> None:
+    """Issue 18's pool picture on every gateway: two ``fleetgate serve`` on one Redis, a pool of 2 GPUs with
+    one deployment of local simulated replicas and a Redis leader election. Only the leader allocates; the
+    follower's ``/admin/capacity`` shows the leader's last decision and history (``from_leader``), not
+    ``decided: false``."""
+    doc = {
+        "gateway": {"host": "127.0.0.1", "port": 0},
+        "pools": [{"name": "gpus", "gpus": 2}],
+        "deployments": [
+            {
+                "model": "sim-model",
+                "pool": "gpus",
+                "engine": "sim",
+                "provider": {"kind": "local", "replicas": 1},
+                "autoscaler": {"policy": "static", "replicas": 1},
+                "leader_election": {"kind": "redis"},
+            }
+        ],
+        "tenants": [{"name": "gold", "api_keys": [KEYS["gold"]], "reserved_mu_per_min": {"sim-model": 10}}],
+        "admission": {
+            "admin_api_keys": ["sk-admin"],
+            "store": {"kind": "redis", "url": REDIS_URL, "namespace": f"t{uuid.uuid4().hex}"},
+        },
+        "ops": {"access_log": False},
+    }
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    gateways = [
+        tools.ServerProcess(
+            [tools.PY, "-m", "fleetgate.cli", "serve", "--config", str(path)], name=f"pool-{i}"
+        )
+        for i in range(2)
+    ]
+    try:
+        urls = [g.wait_ready(90) for g in gateways]
+        pools: list[dict[str, Any]] = []
+        with httpx.Client(timeout=30) as client:
+            deadline = time.monotonic() + 40.0  # the election, the first decisions, one ledger round
+            while time.monotonic() < deadline:
+                pools = [client.get(f"{u}/admin/capacity", headers=ADMIN).json()["pools"][0] for u in urls]
+                if all(p["decided"] for p in pools) and any(p.get("from_leader") for p in pools):
+                    break
+                time.sleep(0.5)
+        assert all(p["decided"] for p in pools), pools
+        leader, follower = sorted(pools, key=lambda p: bool(p.get("from_leader")))
+        assert "from_leader" not in leader and follower["from_leader"] is True, pools
+        assert follower["published_s_ago"] < 10.0
+        for key in ("pool", "gpus", "floor_gpus", "floors_fit", "sold_mu_per_min"):
+            assert follower[key] == leader[key], (key, pools)
+        (dep_l,), (dep_f,) = leader["deployments"], follower["deployments"]
+        assert (
+            dep_f["deployment"] == "sim-model" and dep_f["allocated_replicas"] == dep_l["allocated_replicas"]
+        )
+        assert [t["tenant"] for t in dep_f["tenants"]] == ["gold"]
+        assert dep_f["tenants"][0]["reserved_mu_per_min"] == 10
+        # the history, as the leader remembers it, seen from the follower: oldest first, ending about now
+        assert follower["history"] and len(follower["history"]) <= len(leader["history"]) + 5
+        ts = [h["t"] for h in follower["history"]]
+        assert ts == sorted(ts) and -10.0 < ts[-1] <= 0.0, ts[-5:]
+        assert set(follower["history"][-1]) == set(leader["history"][-1])
+    finally:
+        for g in gateways:
+            g.kill()

@@ -4,6 +4,7 @@ The Redis store runs against the real test Redis (FLEETGATE_TEST_REDIS_URL) with
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -54,3 +55,16 @@ async def test_used_sums_every_writer_over_the_window(store: AdmissionStore) -> 
     got = {(u.deployment, u.tenant): u.mu for u in await store.used(60.0, t0 + 62.5)}
     assert got == {("chat", "gold"): 7.5, ("chat", "silver"): 0.75, ("code", "gold"): 4.0}
     assert [u for u in await store.used(60.0, t0 + 65.0) if u.deployment == "chat"] == []
+
+
+async def test_pool_views_are_published_read_back_and_expire(store: AdmissionStore) -> None:
+    """The pool leader's documents (``put_pool_views``): read back by pool name, the latest wins, gone
+    once their time to live is over (a leader that stops publishing leaves no stale picture)."""
+    assert await store.pool_views(["gpus", "other"]) == {}
+    await store.put_pool_views({"gpus": b'{"n": 1}'}, ttl_s=30.0)
+    await store.put_pool_views({"gpus": b'{"n": 2}', "short": b"{}"}, ttl_s=30.0)
+    assert await store.pool_views(["gpus", "other"]) == {"gpus": b'{"n": 2}'}
+    await store.put_pool_views({"short": b"{}"}, ttl_s=0.2)
+    assert await store.pool_views(["short"]) == {"short": b"{}"}
+    await asyncio.sleep(0.4)
+    assert await store.pool_views(["short", "gpus"]) == {"gpus": b'{"n": 2}'}

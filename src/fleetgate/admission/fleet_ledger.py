@@ -9,13 +9,18 @@ every gateway (``AdmissionStore.used``), so ``/admin/capacity``, the pool gauges
 ledger report the same figure on every replica, at most about two intervals behind. When the store cannot
 be reached the view goes stale (``fresh`` false) and callers fall back to this gateway's own ledger; what
 could not be sent is kept and sent later (bounded by the deployments x tenants it holds).
+
+The same round carries the GPU pools' pictures (``share_pools``): the gateway leading a pool publishes its
+last decision and recent history (one compact JSON document per pool, ``AdmissionStore.put_pool_views``,
+expiring after three intervals), and every gateway reads them back, so that a follower's
+``/admin/capacity`` and ``/ui`` show the leader's pool instead of ``decided: false``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from fleetgate.periodic import Periodic
 from fleetgate.stores import AdmissionStore, StoreUnavailableError
@@ -45,6 +50,9 @@ class FleetLedger:
         self._view: dict[str, dict[str, float]] = {}  # deployment -> tenant -> MU in the window
         self._requests: dict[str, float] = {}  # deployment -> settled requests in the window
         self._read_at: float | None = None
+        self._pool_source: Callable[[], Mapping[str, bytes]] | None = None
+        self._pool_names: tuple[str, ...] = ()
+        self._pools: dict[str, bytes] = {}
         self._loop = Periodic("fleet-ledger", self.sync, interval_s, quiet=(StoreUnavailableError,))
 
     def record(self, deployment: str, tenant: str, mu: float, requests: float = 1.0) -> None:
@@ -63,6 +71,15 @@ class FleetLedger:
         if not self.fresh:
             return None
         return dict(self._view.get(deployment, {}))
+
+    def share_pools(self, names: Sequence[str], source: Callable[[], Mapping[str, bytes]]) -> None:
+        """Publish ``source()`` (the documents of the pools this gateway leads now) every round and read
+        back those of ``names``."""
+        self._pool_names, self._pool_source = tuple(names), source
+
+    def pool_view(self, name: str) -> bytes | None:
+        """The leader's last published document of pool ``name`` (``None``: none, or not fresh)."""
+        return self._pools.get(name) if self.fresh else None
 
     def settled_requests(self, deployment: str) -> float | None:
         return self._requests.get(deployment, 0.0) if self.fresh else None
@@ -84,6 +101,9 @@ class FleetLedger:
         for r in rows:
             view.setdefault(r.deployment, {})[r.tenant] = r.mu
             requests[r.deployment] = requests.get(r.deployment, 0.0) + r.requests
+        if self._pool_source is not None:
+            await self.store.put_pool_views(self._pool_source(), 3 * self.interval_s)
+            self._pools = await self.store.pool_views(self._pool_names)
         self._view, self._requests = view, requests
         self._read_at = self.monotonic()
 

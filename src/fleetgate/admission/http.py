@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Awaitable, Callable, Mapping
 
 import orjson
@@ -106,18 +107,37 @@ async def capacity(request: web.Request) -> web.Response:
 
 def _pools(service: AdmissionService, pools: Mapping[str, PoolLoop]) -> list[dict[str, object]]:
     """Each pool's ledger from its last decision: capacity, sold, guaranteed, used, headroom, reclaimed,
-    per deployment and tenant (``decided: false`` before the first one, or on a gateway that does not lead
-    the pool)."""
+    per deployment and tenant (``decided: false`` before the first one). A gateway that does not lead the
+    pool shows the leader's last published decision and history (``from_leader: true``; with a Redis
+    store, ``FleetLedger.share_pools``), its tenants' used from the fleet-wide ledger."""
     out: list[dict[str, object]] = []
+    reserved = {t.name: t.limits.reserved_mu_per_min for t in service.directory.tenants().values()}
     for name, loop in sorted(pools.items()):
         view = loop.last
-        if view is None:
-            out.append({"pool": name, "gpus": loop.plan.gpus, "decided": False})
-            continue
-        used_scope = {m.model: service.used_by_tenant(m.model) for m in view.plan.members}
+        used_scope = {m.model: service.used_by_tenant(m.model) for m in loop.plan.members}
         used = {model: by_tenant for model, (by_tenant, _) in used_scope.items()}
-        reserved = {t.name: t.limits.reserved_mu_per_min for t in service.directory.tenants().values()}
-        report = view.report(used)
+        scopes = {scope for _, scope in used_scope.values()}
+        scope = "fleet" if scopes == {"fleet"} else "gateway"
+        if view is not None:
+            report = view.report(used)
+            history = loop.recent(loop.clock())
+            extra: dict[str, object] = {}
+        else:
+            doc = None if service.fleet_ledger is None else service.fleet_ledger.pool_view(name)
+            if doc is None:
+                out.append({"pool": name, "gpus": loop.plan.gpus, "decided": False})
+                continue
+            published = orjson.loads(doc)
+            report = published["report"]
+            age = max(0.0, time.time() - float(published["published_s"]))
+            keys = ("t", "capacity_mu_per_min", "sold_mu_per_min", "used_mu_per_min", "gpus_used")
+            history = [dict(zip(keys, (p[0] - age, *p[1:]), strict=True)) for p in published["history"]]
+            for dep in report["deployments"]:
+                dep["tenants"] = [
+                    {"tenant": t, "used_mu_per_min": mu}
+                    for t, mu in sorted(used.get(dep["deployment"], {}).items())
+                ]
+            extra = {"from_leader": True, "published_s_ago": age}
         for dep in report["deployments"]:  # type: ignore[attr-defined]
             model = dep["deployment"]
             rows = {row["tenant"]: row for row in dep["tenants"]}
@@ -127,9 +147,24 @@ def _pools(service: AdmissionService, pools: Mapping[str, PoolLoop]) -> list[dic
             for tenant, row in rows.items():
                 row["reserved_mu_per_min"] = reserved.get(tenant, {}).get(model, 0.0)
             dep["tenants"] = [rows[t] for t in sorted(rows)]
-        scopes = {scope for _, scope in used_scope.values()}
-        scope = "fleet" if scopes == {"fleet"} else "gateway"
-        out.append({**report, "decided": True, "used_scope": scope, "history": loop.recent(loop.clock())})
+        out.append({**report, "decided": True, "used_scope": scope, "history": history, **extra})
+    return out
+
+
+def _pool_documents(pools: Mapping[str, PoolLoop]) -> dict[str, bytes]:
+    """What this gateway publishes for followers: per pool it leads now, its last decision's report (no
+    tenants: each gateway adds them from the fleet-wide ledger) and its history, rounded (compact)."""
+    out: dict[str, bytes] = {}
+    wall = time.time()
+    for name, loop in pools.items():
+        view = loop.last
+        if view is None or (loop.leading is not None and not loop.leading()):
+            continue
+        now = loop.clock()
+        history = [
+            [round(t - now, 3), round(c, 3), round(s, 3), round(u, 3), g] for t, c, s, u, g in loop.history
+        ]
+        out[name] = orjson.dumps({"published_s": wall, "report": view.report(), "history": history})
     return out
 
 
@@ -187,6 +222,8 @@ def add_admin_routes(
     ``pools``: the GPU pool loops ``/admin/capacity`` reports)."""
     app[SERVICE_KEY] = service
     app[POOLS_KEY] = pools or {}
+    if pools and service.fleet_ledger is not None:  # a shared store: every gateway shows the leader's pools
+        service.fleet_ledger.share_pools(sorted(pools), functools.partial(_pool_documents, pools))
     app.router.add_get("/admin/tenants", tenants)
     app.router.add_get("/admin/usage", usage)
     app.router.add_get("/admin/usage/{tenant}", tenant_usage)

@@ -128,6 +128,15 @@ class AdmissionStore(Protocol):
         gateway that added them (the oldest bucket weighted by the part of it inside the window)."""
         ...
 
+    async def put_pool_views(self, views: Mapping[str, bytes], ttl_s: float) -> None:
+        """Publish the pool leader's recent decisions: one compact document per pool, expiring after
+        ``ttl_s`` (a leader that stops publishing leaves no stale picture)."""
+        ...
+
+    async def pool_views(self, pools: Sequence[str]) -> dict[str, bytes]:
+        """The documents ``put_pool_views`` left for ``pools`` that have not expired."""
+        ...
+
     async def ping(self) -> bool:
         """Whether the store answers now."""
         ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 
 from fleetgate.core.admission import BucketState, Charge, MemoryBuckets, TakeOutcome
@@ -27,6 +28,7 @@ class MemoryStore:
         self._reservations: dict[str, dict[str, float]] = {}
         self._reservations_lock = asyncio.Lock()
         self._used: dict[int, dict[tuple[str, str], list[float]]] = {}  # bucket -> (dep, tenant) -> [mu, n]
+        self._pool_views: dict[str, tuple[float, bytes]] = {}  # pool -> (expires, monotonic; document)
 
     def _add(self, usage_key: str, fields: Mapping[str, float]) -> None:
         row = self._usage.setdefault(usage_key, {})
@@ -89,6 +91,15 @@ class MemoryStore:
         horizon = bucket_of(now) - _KEEP_BUCKETS
         for b in [b for b in self._used if b < horizon]:
             del self._used[b]
+
+    async def put_pool_views(self, views: Mapping[str, bytes], ttl_s: float) -> None:
+        expires = time.monotonic() + ttl_s
+        self._pool_views.update({name: (expires, doc) for name, doc in views.items()})
+
+    async def pool_views(self, pools: Sequence[str]) -> dict[str, bytes]:
+        now = time.monotonic()
+        found = {name: self._pool_views.get(name) for name in pools}
+        return {name: v[1] for name, v in found.items() if v is not None and v[0] > now}
 
     async def used(self, window_s: float, now: float) -> list[SettledUse]:
         sums: dict[tuple[str, str], list[float]] = {}

@@ -276,6 +276,7 @@ class RedisStore:
         self._reservations_key = f"{namespace}:reservations"  # hash: tenant -> JSON {model: MU/min}
         self._lease_prefix = f"{namespace}:lease:"
         self._used_prefix = f"{namespace}:used:"  # + bucket number: settled MU per deployment and tenant
+        self._pool_prefix = f"{namespace}:pool:"  # + pool name: the pool leader's recent decisions
         self.server_time = server_time
         self.retry_interval_s = retry_interval_s
         if client is None:
@@ -475,6 +476,34 @@ class RedisStore:
                 continue  # not written by this version
             sums.setdefault((str(deployment), str(tenant)), [0.0, 0.0])[1 if count else 0] += float(value)
         return [SettledUse(d, t, mu, n) for (d, t), (mu, n) in sorted(sums.items())]
+
+    async def put_pool_views(self, views: Mapping[str, bytes], ttl_s: float) -> None:
+        if not views:
+            return
+        if not self.available and time.monotonic() < self._down_until:
+            raise StoreUnavailableError(f"redis at {self.url} unreachable (retrying shortly)")
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name, doc in views.items():
+                    pipe.set(self._pool_prefix + name, doc, px=max(1, int(ttl_s * 1000)))
+                await pipe.execute()
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+
+    async def pool_views(self, pools: Sequence[str]) -> dict[str, bytes]:
+        if not pools:
+            return {}
+        if not self.available and time.monotonic() < self._down_until:
+            raise StoreUnavailableError(f"redis at {self.url} unreachable (retrying shortly)")
+        try:
+            raw = await self._redis.mget([self._pool_prefix + name for name in pools])
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+        return {
+            name: bytes(v) if not isinstance(v, str) else v.encode()
+            for name, v in zip(pools, raw, strict=True)
+            if v is not None
+        }
 
     async def ping(self) -> bool:
         try:
