@@ -159,7 +159,7 @@ class Client:
         self.body = body
         self.sent = 0
         self.ok = 0
-        self.refused = 0  # admission's explicit 429/503 (only A's burst may see them)
+        self.refused = 0  # admission's explicit 429/503 with Retry-After (never B's reserved tenant's)
         self.failed: list[str] = []
         self.ttft: list[tuple[float, float]] = []  # (time sent, seconds to the first content chunk)
 
@@ -318,7 +318,10 @@ async def test_a_reserved_burst_reclaims_a_best_effort_replica_losing_nothing(
         assert max(m["used"] or 0 for _, m in history) <= 4, history
         # zero lost: every request of B's tenants (through the drain) and of A's burst answered
         assert rb.failed == [] and be.failed == [] and ra.failed == [], (rb.failed, be.failed, ra.failed)
-        assert rb.refused == 0 and be.ok == be.sent and ra.ok > 0
+        # B's best-effort tenant may be held and shed (503 + Retry-After, counted in `refused`) while B's
+        # reserved tenant is active: the latency-headroom gate, on by default since f5333a1, keeps rb's TTFT;
+        # shed is answered, not lost (`failed` above is empty), and most of it is still served
+        assert rb.refused == 0 and be.ok + be.refused == be.sent and be.ok > be.sent // 2 and ra.ok > 0
         before = [s for t, s in rb.ttft if t_before <= t < t_burst]
         after = [s for t, s in rb.ttft if t_after <= t < t_end]
         assert len(before) >= 40 and len(after) >= 40, (len(before), len(after))
