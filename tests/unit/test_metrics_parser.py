@@ -45,6 +45,18 @@ def test_llamacpp_busy_and_idle() -> None:
     assert (busy.prefill_tokens, busy.prefill_seconds, busy.decode_tokens) == (26.0, 0.005818, 0.0)
 
 
+def test_llamacpp_hit_rate_counts_cached_tokens_among_those_looked_up() -> None:
+    """llama-server's ``prompt_tokens_total`` excludes cached tokens (its HELP text says so): 300 evaluated
+    and 100 cached is a hit rate of 100 / 400, not 100 / 300; the prefill counter stays the evaluated 300."""
+    text = (
+        "llamacpp:prompt_tokens_total 300\nllamacpp:prompt_tokens_cached_total 100\n"
+        "llamacpp:requests_processing 0\nllamacpp:requests_deferred 0\n"
+    )
+    sig = engine_signals(parse_prometheus_text(text))
+    assert (sig.prefix_queries, sig.prefix_hits, sig.prefill_tokens) == (400.0, 100.0, 300.0)
+    assert hit_rate(None, sig) == 0.25
+
+
 def test_sglang_names() -> None:
     text = (
         '# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="m"} 3\n'

@@ -144,6 +144,8 @@ def engine_signals(
     if hits is None and queries is not None and names.prefix_hit_rate:
         rate = _maximum(parsed, *names.prefix_hit_rate)
         hits = None if rate is None else rate * queries
+    if queries is not None and hits is not None and names.prefix_queries_exclude_hits:
+        queries += hits
     prefilled = _total(parsed, *names.prefill_tokens)
     if prefilled is not None and names.prefill_tokens_include_cached:
         prefilled -= hits or 0.0  # computed tokens only: the cached ones cost no prefill

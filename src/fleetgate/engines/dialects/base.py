@@ -37,6 +37,7 @@ class MetricNames:
     kv_usage: tuple[str, ...] = ()  #: the fullest rank is taken (vLLM labels data-parallel ranks)
     prefix_queries: tuple[str, ...] = ()  #: cumulative prompt tokens looked up in the prefix cache
     prefix_hits: tuple[str, ...] = ()  #: cumulative prompt tokens found there
+    prefix_queries_exclude_hits: bool = False  #: the query counter leaves the hits out (llama.cpp)
     prefix_hit_rate: tuple[str, ...] = ()  #: a ratio gauge, used for hits when no hit counter exists
     generation_tokens: tuple[str, ...] = ()  #: cumulative generated tokens (progress for the prober)
     #: the engine's own work counters, read by the online rate learner (``core.engine_rates``): prompt

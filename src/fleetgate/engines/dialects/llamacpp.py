@@ -10,8 +10,11 @@ LLAMACPP = EngineDialect(
         waiting=("llamacpp:requests_deferred",),
         running=("llamacpp:requests_processing",),
         kv_usage=("llamacpp:kv_cache_usage_ratio",),
+        # prompt_tokens_total counts the evaluated prompt tokens only ("excluding cached tokens"): the tokens
+        # looked up are those plus the cached ones
         prefix_queries=("llamacpp:prompt_tokens_total",),
         prefix_hits=("llamacpp:prompt_tokens_cached_total",),
+        prefix_queries_exclude_hits=True,
         generation_tokens=("llamacpp:tokens_predicted_total",),
         prefill_tokens=("llamacpp:prompt_tokens_total",),  # evaluated tokens (cached ones apart)
         prefill_seconds=("llamacpp:prompt_seconds_total",),
