@@ -279,3 +279,79 @@ def test_metrics_expose_both_signals_targets_and_the_limit() -> None:
         'fleetgate_best_effort_on_engines{deployment="m"} 0.0',
     ):
         assert line in text, line
+
+
+class _PlainHeadroom(LatencyHeadroom):
+    """The controller's verdict written out plainly (sorting the windows, the targets from ``_reference``):
+    the reference for the table-driven ``_control_headroom``."""
+
+    def _control_headroom(self) -> tuple[float | None, bool]:
+        worst: float | None = None
+        pending = False
+        tol = self.params.tolerance
+        for kind in ("ttft", "otps"):
+            sig = self._signals[("reserved", kind)]
+            since = list(sig.since.items)
+            if len(since) < self.params.min_samples:
+                pending = pending or bool(since)
+                continue
+            targets = self._reference(kind)
+            if targets is None:
+                continue
+            target, ref = targets
+            tail = len(since) >= 20
+            q = (0.9 if tail else 0.75) if kind == "ttft" else (0.1 if tail else 0.25)
+            observed = quantile(since, q)
+            if not self._fixed(kind):
+                ref = quantile(list(sig.baseline.items), q)
+                target = ref * (1 + tol) if kind == "ttft" else ref * (1 - tol)
+            h = self._headroom_of(kind, observed, target, ref)
+            worst = h if worst is None else min(worst, h)
+        return worst, pending
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        HeadroomParams(),
+        HeadroomParams(min_samples=3, baseline_samples=7, tolerance=0.2),
+        HeadroomParams(min_samples=8, baseline_samples=40, reserved=ClassTargets(ttft_p95_s=0.12)),
+        HeadroomParams(min_samples=5, reserved=ClassTargets(ttft_p95_s=0.15, otps_p10=80.0)),
+    ],
+)
+def test_random_traffic_gives_the_plain_controllers_limits_and_decisions(params: HeadroomParams) -> None:
+    """Reserved and best-effort streams (and some non-streamed, failed and probe requests) with random
+    latencies through both controllers: the same limit, decisions and headroom after every event."""
+    rng = random.Random(repr(params))
+    fast, plain = LatencyHeadroom(params), _PlainHeadroom(params)
+    t = 0.0
+    open_: list[tuple[RequestInfo, float]] = []  # (request, first token time)
+    prios = [Priority.INTERACTIVE, Priority.BATCH, Priority.BEST_EFFORT, Priority.PROBE]
+    decided = 0
+    for step in range(6000):
+        t += rng.expovariate(40.0)
+        if not open_ or (len(open_) < 12 and rng.random() < 0.5):
+            stream = rng.random() < 0.9
+            r = RequestInfo(f"x{step}", "m", priority=rng.choice(prios), stream=stream, arrival_s=t)
+            first = t + 0.1 * (1.0 + 0.3 * fast.best_effort_on_engines * rng.random()) * rng.uniform(0.9, 1.1)
+            for h in (fast, plain):
+                h.on_dispatch(r, "a", t)
+                if r.stream:
+                    h.on_first_token(r, "a", first)
+            open_.append((r, first))
+        else:
+            r, first = open_.pop(rng.randrange(len(open_)))
+            end = max(t, first) + rng.uniform(0.1, 0.3)
+            usage = Usage(prompt_tokens=5, completion_tokens=rng.choice([2, 16, 21, 40]))
+            ok = rng.random() < 0.97
+            for h in (fast, plain):
+                h.on_complete(r, "a", end, usage, 1.0, ok)
+        assert (fast.limit, fast.decisions, fast.last_headroom, fast.changed_s) == (
+            plain.limit,
+            plain.decisions,
+            plain.last_headroom,
+            plain.changed_s,
+        ), step
+        decided = fast.decisions["grow"] + fast.decisions["cut"]
+    assert fast.report(t) == plain.report(t)
+    assert decided > 10 and fast.decisions["cut"] > 0  # the sequence exercised the controller

@@ -35,8 +35,8 @@ Controller (an AIMD limit with a dead band, so admission does not oscillate)
     quarter (at least 1); in between -> keep it. Only samples
     of requests that arrived after a change judge it, so one slow burst is not counted twice.
 
-Pure: time comes in with every event; O(1) per event except the decision, a sort of at most
-``4 * min_samples`` numbers once per reserved sample while it waits for a verdict.
+Pure: time comes in with every event; per reserved sample a bisect into two sorted windows and a verdict
+of table lookups (quantile indices precomputed per window length), no sorting.
 """
 
 from __future__ import annotations
@@ -79,10 +79,15 @@ class HeadroomParams:
     max_limit: int = 100_000
 
 
+def _rank(q: float, n: int) -> int:
+    """Index of the nearest-rank ``q`` quantile in a sorted list of ``n`` values."""
+    return max(0, min(n - 1, math.ceil(q * n) - 1))
+
+
 def quantile(values: list[float], q: float) -> float:
     """Nearest-rank quantile of a non-empty list (sorted here)."""
     xs = sorted(values)
-    return xs[max(0, min(len(xs) - 1, math.ceil(q * len(xs)) - 1))]
+    return xs[_rank(q, len(xs))]
 
 
 class SortedWindow:
@@ -93,17 +98,18 @@ class SortedWindow:
     rest of the request's way through the gateway. Same answers as ``quantile(list(window), q)``.
     """
 
-    __slots__ = ("items", "ordered")
+    __slots__ = ("items", "maxlen", "ordered")
 
     def __init__(self, maxlen: int) -> None:
         self.items: deque[float] = deque(maxlen=maxlen)
         self.ordered: list[float] = []
+        self.maxlen = maxlen
 
     def append(self, value: float) -> None:
         items = self.items
-        if items.maxlen == 0:
-            return
-        if len(items) == items.maxlen:  # the deque drops its oldest value on append
+        if len(items) == self.maxlen:  # the deque drops its oldest value on append
+            if not self.maxlen:
+                return
             del self.ordered[bisect_left(self.ordered, items[0])]
         items.append(value)
         insort(self.ordered, value)
@@ -118,7 +124,7 @@ class SortedWindow:
     def quantile(self, q: float) -> float:
         """Nearest-rank quantile (the window must not be empty)."""
         xs = self.ordered
-        return xs[max(0, min(len(xs) - 1, math.ceil(q * len(xs)) - 1))]
+        return xs[_rank(q, len(xs))]
 
 
 @dataclass(slots=True)
@@ -140,6 +146,38 @@ def _signal(higher_is_better: bool, p: HeadroomParams) -> _Signal:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """What the controller's verdict on one reserved signal needs that does not change per sample: the
+    absolute target (``None``: learned), ``1 +- tolerance``, and the nearest-rank index of its quantile for
+    every length of the ``since`` window (p75 TTFT / p25 OTPS, p90 / p10 from 20 samples on) and of the
+    baseline (the same quantile, so two tables: under and from 20 ``since`` samples)."""
+
+    ttft: bool
+    signal: _Signal
+    fixed: float | None
+    factor: float
+    since_at: tuple[int, ...]
+    base_body_at: tuple[int, ...]
+    base_tail_at: tuple[int, ...]
+
+
+def _verdict(kind: str, signal: _Signal, p: HeadroomParams) -> _Verdict:
+    ttft = kind == "ttft"
+    body, tail = (0.75, 0.9) if ttft else (0.25, 0.1)
+    since_n = range(4 * p.min_samples + 1)
+    base_n = range(p.baseline_samples + 1)
+    return _Verdict(
+        ttft,
+        signal,
+        p.reserved.ttft_p95_s if ttft else p.reserved.otps_p10,
+        (1 + p.tolerance) if ttft else (1 - p.tolerance),
+        tuple(_rank(tail if n >= 20 else body, n) for n in since_n),
+        tuple(_rank(body, n) for n in base_n),
+        tuple(_rank(tail, n) for n in base_n),
+    )
+
+
 class LatencyHeadroom:
     """One deployment's latency headroom and best-effort limit (see the module docstring).
 
@@ -155,6 +193,8 @@ class LatencyHeadroom:
             (BEST_EFFORT, "ttft"): _signal(False, p),
             (BEST_EFFORT, "otps"): _signal(True, p),
         }
+        self._reserved = {kind: self._signals[(RESERVED, kind)] for kind in ("ttft", "otps")}
+        self._verdicts = tuple(_verdict(kind, sig, p) for kind, sig in self._reserved.items())
         self._first: dict[str, float] = {}  # request id -> first token time (streamed, in flight)
         self.best_effort_on_engines = 0  # best-effort attempts dispatched and not complete
         self.reserved_on_engines = 0
@@ -221,11 +261,11 @@ class LatencyHeadroom:
     def _sample(self, request: RequestInfo, kind: str, value: float, started: float, now: float) -> None:
         if value < 0 or not math.isfinite(value):
             return
-        cls = BEST_EFFORT if request.priority == Priority.BEST_EFFORT else RESERVED
-        sig = self._signals[(cls, kind)]
-        sig.recent.append(value)
-        if cls != RESERVED:
+        if request.priority == Priority.BEST_EFFORT:
+            self._signals[(BEST_EFFORT, kind)].recent.append(value)
             return
+        sig = self._reserved[kind]
+        sig.recent.append(value)
         if self.best_effort_on_engines == 0 and self._be_idle_since <= started:
             sig.baseline.append(value)  # solo: no best-effort on the engines for the whole request
         if started >= self.changed_s:
@@ -255,31 +295,39 @@ class LatencyHeadroom:
 
     def _control_headroom(self) -> tuple[float | None, bool]:
         """Headroom of the samples since the last change (the worse of TTFT and OTPS; None: no verdict
-        yet), and whether a signal still waits for its ``min_samples``."""
+        yet), and whether a signal still waits for its ``min_samples``.
+
+        Per reserved sample, so inline: the quantile indices and ``1 +- tolerance`` come from ``_Verdict``'s
+        tables (the same nearest-rank formula and arithmetic as ``_reference`` and ``_headroom_of``)."""
         worst: float | None = None
         pending = False
         n = self.params.min_samples
-        for kind in ("ttft", "otps"):
-            sig = self._signals[(RESERVED, kind)]
-            if len(sig.since) < n:
-                pending = pending or bool(sig.since)
+        tol = self.params.tolerance
+        for v in self._verdicts:
+            since = v.signal.since.ordered
+            m = len(since)
+            if m < n:
+                pending = pending or m > 0
                 continue
-            targets = self._reference(kind)
-            if targets is None:
-                continue
-            target, ref = targets
             # the same shift applied to a steadier quantile of the few samples since the change; once
             # 20 are in (the limit held in the dead band), one nearer the target's tail
-            fixed = self.params.reserved.ttft_p95_s if kind == "ttft" else self.params.reserved.otps_p10
-            tail = len(sig.since) >= 20
-            q = (0.9 if tail else 0.75) if kind == "ttft" else (0.1 if tail else 0.25)
-            observed = sig.since.quantile(q)
-            if fixed is None:  # learned: compare like with like (the baseline's same quantile)
-                ref = sig.baseline.quantile(q)
-                tol = self.params.tolerance
-                target = ref * (1 + tol) if kind == "ttft" else ref * (1 - tol)
-            h = self._headroom_of(kind, observed, target, ref)
-            worst = h if worst is None else min(worst, h)
+            observed = since[v.since_at[m]]
+            if v.fixed is None:  # learned: compare like with like (the baseline's same quantile)
+                base = v.signal.baseline.ordered
+                b = len(base)
+                if b < n:
+                    continue
+                ref = base[v.base_tail_at[b] if m >= 20 else v.base_body_at[b]]
+                target = ref * v.factor
+            else:
+                ref = target = v.fixed
+            span = tol * ref
+            if span <= 0:
+                h = math.inf
+            else:
+                h = (target - observed) / span if v.ttft else (observed - target) / span
+            if worst is None or h < worst:
+                worst = h
         return worst, pending
 
     def _decide(self, now: float) -> None:
