@@ -62,6 +62,34 @@ def _read(raw: bytes) -> dict[str, Any]:
     return out
 
 
+async def _engine_counts(client: httpx.AsyncClient, url: str) -> tuple[float, float]:
+    """(requests running, generation tokens so far) from a simulated engine's /metrics."""
+    running = generated = 0.0
+    for line in (await client.get(url + "/metrics")).text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name == "vllm:num_requests_running":
+            running += float(line.rsplit(" ", 1)[1])
+        elif name == "vllm:generation_tokens_total":
+            generated += float(line.rsplit(" ", 1)[1])
+    return running, generated
+
+
+async def _until_streaming(urls: list[str], each: int, timeout_s: float = 30.0) -> None:
+    """Wait until every engine runs ``each`` of the streams and has generated tokens for them (>= 2 each since
+    the call), so a fault injected next breaks streams after their first bytes: a fixed sleep was too short on
+    a loaded machine (the streams had not started, so the faults were met before the first byte and retried,
+    not continued: 0 continuations in a parallel run)."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        base = [(await _engine_counts(client, u))[1] for u in urls]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            counts = [await _engine_counts(client, u) for u in urls]
+            if all(r >= each and g - b >= 2 * each for (r, g), b in zip(counts, base, strict=True)):
+                return
+            assert time.monotonic() < deadline, f"streams not running on every engine: {counts}"
+            await asyncio.sleep(0.05)
+
+
 async def _run(url: str, n: int, tokens: int = TOKENS) -> list[dict[str, Any]]:
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
 
@@ -93,7 +121,7 @@ def test_crash_and_stall_mid_stream_are_continued_transparently(
 
     async def faulty() -> list[dict[str, Any]]:
         run = asyncio.create_task(_run(gateway.url, 30))
-        await asyncio.sleep(0.4)  # every stream has started and sent some tokens
+        await _until_streaming([e.url for e in engines], each=10)  # round robin: 10 streams on each
         async with httpx.AsyncClient(timeout=5) as c:
             await c.post(engines[1].url + "/admin/fault", json={"kind": "stall", "value": 0})
             try:
@@ -210,7 +238,7 @@ def test_failover_overhead_in_capacity_ledger_and_tenant_charged_client_usage(
                 tasks = [
                     asyncio.create_task(client.post("/v1/chat/completions", json=_body(i))) for i in range(4)
                 ]
-                await asyncio.sleep(0.4)
+                await _until_streaming([crashing.url, good.url], each=2)  # round robin: 2 streams on each
                 async with httpx.AsyncClient(timeout=5) as c:
                     try:
                         await c.post(crashing.url + "/admin/fault", json={"kind": "crash", "value": 0.01})
@@ -259,7 +287,7 @@ def test_non_stream_request_continued_mid_generation_with_failover_non_stream(
         async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
             tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=b)) for b in bodies]
             if crash:
-                await asyncio.sleep(0.4)
+                await _until_streaming([e.url for e in engines], each=2)  # round robin: 2 on each
                 async with httpx.AsyncClient(timeout=5) as c:
                     try:
                         await c.post(engines[0].url + "/admin/fault", json={"kind": "crash", "value": 0.01})
