@@ -34,6 +34,13 @@ SERIAL: dict[str, str] = {
     "integration/test_health_llama.py::test_crash_is_restarted": (
         "the verdict's reason: 1 s probes of a live llama-server must answer in time (FAST policy)"
     ),
+    # a crash and a stall must land inside streams of ~1.5 s: in the parallel phase of two clean-clone runs
+    # the streams ended unbroken first (0 continuations of 10, 1 of 2; wall below the healthy run's)
+    "integration/test_gateway_failover.py::test_crash_and_stall_mid_stream_are_continued_transparently": (
+        "faults must land mid-stream"
+    ),
+    "integration/test_gateway_failover.py::"
+    "test_failover_overhead_in_capacity_ledger_and_tenant_charged_client_usage": "crash lands mid-stream",
     "integration/test_admission_overshoot.py": "the busiest x20-clock minute uses >= 80% of the limit",
     "integration/test_probe_priority.py::test_admission_probe_class_skips_a_full_queue": "admits in < 50 ms",
     "integration/test_redis_store.py::test_fail_closed_then_recovers_without_restart": "fails fast: < 0.1 s",

@@ -123,7 +123,8 @@ def test_crash_and_stall_mid_stream_are_continued_transparently(
         run = asyncio.create_task(_run(gateway.url, 30))
         await _until_streaming([e.url for e in engines], each=10)  # round robin: 10 streams on each
         async with httpx.AsyncClient(timeout=5) as c:
-            await c.post(engines[1].url + "/admin/fault", json={"kind": "stall", "value": 0})
+            stalled = await c.post(engines[1].url + "/admin/fault", json={"kind": "stall", "value": 0})
+            assert stalled.status_code == 200, stalled.text
             try:
                 await c.post(engines[0].url + "/admin/fault", json={"kind": "crash", "value": 0.05})
             except httpx.HTTPError:
