@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -42,14 +42,25 @@ class Load:
         until: Callable[[], bool] | None = None,
         then_s: float = 0.0,
     ) -> None:
-        """Send at ``rps`` for ``seconds``; with ``until``, stop ``then_s`` after it first holds (the phase
-        has shown what it is for) if that comes earlier. Every request sent is awaited."""
-        tasks = []
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            if until is not None and until():
-                end = min(end, time.monotonic() + then_s)
-                until = None
-            tasks.append(asyncio.create_task(self.one(session)))
-            await asyncio.sleep(1.0 / rps)
-        await asyncio.gather(*tasks)
+        """``at_rate`` with this load's requests."""
+        await at_rate(lambda: self.one(session), rps, seconds, until, then_s)
+
+
+async def at_rate(
+    one: Callable[[], Awaitable[None]],
+    rps: float,
+    seconds: float,
+    until: Callable[[], bool] | None = None,
+    then_s: float = 0.0,
+) -> None:
+    """Start ``one()`` at ``rps`` for ``seconds``; with ``until``, stop ``then_s`` after it first holds (the
+    phase has shown what it is for) if that comes earlier. Every request started is awaited."""
+    tasks = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if until is not None and until():
+            end = min(end, time.monotonic() + then_s)
+            until = None
+        tasks.append(asyncio.create_task(one()))
+        await asyncio.sleep(1.0 / rps)
+    await asyncio.gather(*tasks)

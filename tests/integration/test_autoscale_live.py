@@ -21,6 +21,7 @@ from fleetgate.autoscaler import AutoscalerLoop, provider_counts
 from fleetgate.core.autoscale import DemandMeter, build_autoscaler
 from fleetgate.providers.base import ReplicaStatus
 from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
+from step_load import at_rate
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -91,17 +92,9 @@ async def _drive(
     until: Callable[[], bool] | None = None,
     then_s: float = 0.0,
 ) -> None:
-    """Send at ``rps`` for ``seconds``; with ``until``, stop ``then_s`` after it first holds (the phase has
-    shown what it is for) if that comes earlier. Every request sent is awaited."""
-    tasks = []
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if until is not None and until():
-            end = min(end, time.monotonic() + then_s)
-            until = None
-        tasks.append(asyncio.create_task(d.send(session)))
-        await asyncio.sleep(1.0 / rps)
-    await asyncio.gather(*tasks)
+    """Dispatch at ``rps`` for ``seconds`` (``step_load.at_rate``: with ``until``, stop ``then_s`` after it
+    first holds); every request sent is awaited."""
+    await at_rate(lambda: d.send(session), rps, seconds, until, then_s)
 
 
 async def test_step_up_then_down_loses_nothing() -> None:

@@ -181,19 +181,21 @@ class Lifecycle(Generic[T]):
     ) -> float:
         """One attempt on ``replica`` ended (``ok``: the replica behaved). Returns the cost the policy was
         told: settled from ``usage`` when the engine reported it, else the estimate."""
-        if usage is None:
-            cost = request.cost_mu
-        else:
-            held = self._settled
-            if held[0] is usage and held[1] is self.profile:
-                cost = held[2]
-            else:
-                cost = self.profile.settle(usage)
-                self._settled = (usage, self.profile, cost)
+        cost = request.cost_mu if usage is None else self._settle(usage)
         load.end(request.cost_mu, ok, now)
         self.policy.on_complete(request, replica, now, cost, ok)
         for observer in self.observers:
             observer.on_complete(request, replica, now, usage, cost, ok)
+        return cost
+
+    def _settle(self, usage: Usage) -> float:
+        """``profile.settle(usage)``, once per usage: the gateway's ``finish`` (the attempt) and ``settle``
+        (the request) are given the same immutable ``Usage``, so the second is a lookup."""
+        held = self._settled
+        if held[0] is usage and held[1] is self.profile:
+            return held[2]
+        cost = self.profile.settle(usage)
+        self._settled = (usage, self.profile, cost)
         return cost
 
     # -- after the request ----------------------------------------------------------------------------------
@@ -211,12 +213,7 @@ class Lifecycle(Generic[T]):
                 completion_tokens=streamed_tokens,
                 image_tokens=request.image_tokens,
             )
-        held = self._settled
-        if held[0] is usage and held[1] is self.profile:
-            actual = held[2]
-        else:
-            actual = self.profile.settle(usage)
-            self._settled = (usage, self.profile, actual)
+        actual = self._settle(usage)
         if self.demand is not None:
             self.demand.finish(request.cost_mu, actual, now)
         return actual
