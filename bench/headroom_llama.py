@@ -25,10 +25,8 @@ import yaml
 
 from fleetgate.engines.llama import (
     EngineProcess,
-    LlamaServerConfig,
     default_hf_model,
-    free_port,
-    llama_server,
+    start_llama_replicas,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,21 +65,9 @@ async def _main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="fleetgate-headroom-llama-") as tmp:
         workdir = Path(tmp)
         try:
-            for _ in range(2):
-                proc = llama_server(
-                    LlamaServerConfig(
-                        port=free_port(),
-                        alias=nn.MODEL,
-                        parallel=4,
-                        ctx_size=8192,
-                        threads=1,
-                        ignore_eos=True,
-                    )
-                )
-                proc.start()
-                procs.append(proc)
-            for proc in procs:
-                proc.wait_ready(timeout=60)
+            procs = start_llama_replicas(
+                2, alias=nn.MODEL, parallel=4, ctx_size=8192, threads=1, ignore_eos=True, timeout=60
+            )
             params = nn.BenchParams(
                 config=str(_config([p.url for p in procs], nn.MODEL, workdir)),
                 gold_key="sk-gold-demo",

@@ -30,10 +30,8 @@ import yaml
 from fleetgate.core.tokenize import render_chat_prompt
 from fleetgate.engines.llama import (
     EngineProcess,
-    LlamaServerConfig,
     default_hf_model,
-    free_port,
-    llama_server,
+    start_llama_replicas,
 )
 from fleetgate.hf_tokenizer import load_tokenizer
 from real_engines import need_llama
@@ -85,21 +83,9 @@ def test_reserved_tenant_next_to_a_flood_on_llama_replicas(tmp_path: Path) -> No
     nn = _bench()
     procs: list[EngineProcess] = []
     try:
-        for _ in range(2):
-            proc = llama_server(
-                LlamaServerConfig(
-                    port=free_port(),
-                    alias=nn.MODEL,
-                    parallel=SLOTS,
-                    ctx_size=8192,
-                    threads=1,
-                    ignore_eos=True,
-                )
-            )
-            proc.start()
-            procs.append(proc)
-        for proc in procs:
-            proc.wait_ready(timeout=60)
+        procs = start_llama_replicas(
+            2, alias=nn.MODEL, parallel=SLOTS, ctx_size=8192, threads=1, ignore_eos=True, timeout=60
+        )
         prefill_s, step_s = _measure(procs[0].url, nn.MODEL)
         # The benchmark paces gold by the approximate token count of its prompt; the gateway charges the
         # real one (the tiny model's BPE splits the benchmark's words finer): send 70% of the reservation
