@@ -214,7 +214,8 @@
     for (const p of pools) {
       if (!p.decided) {
         parts.push(el("h3", "", p.pool + " · " + p.gpus + " GPUs"),
-          el("p", "muted", "Allocated by another gateway replica (the pool's leader); its picture is there."));
+          el("p", "muted", "No allocation to show yet: the pool's leader has not decided, or its published " +
+            "picture has not reached this gateway (it needs the shared Redis store)."));
         continue;
       }
       const head = el("h3", "pool-head", p.pool + " · " + p.gpus_used + " / " + p.gpus + " GPUs in use (" +
