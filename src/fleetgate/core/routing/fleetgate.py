@@ -232,7 +232,7 @@ class FleetgatePolicy(PolicyBase):
             cands = scan
         extra = self._extra_seconds(request, cands, now, rng, exclude) if self.scorers else None
         reps = self.loads.reps
-        busy = est._busy  # replicas with at least ``slot_from`` requests in flight (usually none)
+        busy = est.busy  # replicas with at least ``slot_from`` requests in flight (usually none)
         spt = full / inp if inp > 0 else 0.0  # MU per prompt token
         tps = est.prefill_tps
         # Seconds per MU of this request's prefill when the engine's prefill throughput is known (configured;

@@ -21,7 +21,7 @@ per replica, and first-token feedback. As a plain pipeline scorer (``least_reque
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Literal
 
@@ -170,6 +170,11 @@ class TtftEstimate(StageBase):
     def rate_known(self) -> bool:
         """An engine prefill rate is configured, or was learned for some replica."""
         return self.prefill_tps is not None or self.learned_seen
+
+    @property
+    def busy(self) -> Mapping[str, float]:
+        """Replica -> expected wait for a sequence slot (s), for replicas near their slot limit."""
+        return self._busy
 
     @property
     def feedback(self) -> bool:
