@@ -7,14 +7,14 @@ import random
 import pytest
 
 from fleetgate.core.routing import build_policy
-from fleetgate.core.routing.outlier import BreakerState, OutlierConfig, OutlierDetector
+from fleetgate.core.routing.outlier import BreakerState, OutlierDetector, OutlierParams
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo
 
 FLEET = ["a", "b", "c", "d"]
 
 
 def detector(**kw: object) -> OutlierDetector:
-    det = OutlierDetector(OutlierConfig(**kw))  # type: ignore[arg-type]
+    det = OutlierDetector(OutlierParams(**kw))  # type: ignore[arg-type]
     for name in FLEET:
         det.record(name, True, 0.0)
     return det
@@ -107,7 +107,7 @@ def test_never_ejects_more_than_the_allowed_fraction() -> None:
 
 
 def test_disabled_detector_records_nothing() -> None:
-    det = OutlierDetector(OutlierConfig(enabled=False, consecutive_failures=1))
+    det = OutlierDetector(OutlierParams(enabled=False, consecutive_failures=1))
     det.record("a", False, 0.0)
     assert det.allows("a", 0.1)
 

@@ -7,14 +7,14 @@ embeds (fed through ``on_complete``). The parts (filters, scorers, pickers) are 
 """
 
 from fleetgate.core.routing.base import RoutingPolicy
-from fleetgate.core.routing.outlier import BreakerState, OutlierConfig, OutlierDetector
+from fleetgate.core.routing.outlier import BreakerState, OutlierDetector, OutlierParams
 from fleetgate.core.routing.registry import POLICY_NAMES, build_policy
 
 __all__ = [
     "POLICY_NAMES",
     "BreakerState",
-    "OutlierConfig",
     "OutlierDetector",
+    "OutlierParams",
     "RoutingPolicy",
     "build_policy",
 ]

@@ -40,8 +40,8 @@ from fleetgate.core.routing.filters.affinity import AffinityFilter, AffinityPara
 from fleetgate.core.routing.filters.load_guard import LoadGuard, LoadGuardParams
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.gate import DispatchGate, GateParams
-from fleetgate.core.routing.outlier import OutlierDetector
-from fleetgate.core.routing.parts import OutlierParams, ScorerSpec, scorer_list
+from fleetgate.core.routing.outlier import OutlierDetector, OutlierParams
+from fleetgate.core.routing.parts import ScorerSpec, scorer_list
 from fleetgate.core.routing.pickers.leader_spill import LeaderSpillParams, LeaderSpillPicker
 from fleetgate.core.routing.pipeline import PickContext, Scorer, no_replica_error
 from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads

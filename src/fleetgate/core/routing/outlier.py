@@ -17,10 +17,12 @@ ejection altogether when it would leave no replica (a panic mode), so ejection a
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+
+from pydantic import Field, model_validator
+
+from fleetgate.core.plugins import PluginParams
 
 
 class BreakerState(StrEnum):
@@ -29,34 +31,33 @@ class BreakerState(StrEnum):
     HALF_OPEN = "half_open"
 
 
-@dataclass(frozen=True, slots=True)
-class OutlierConfig:
-    """Thresholds of the outlier detector (see the module docstring)."""
+class OutlierParams(PluginParams):
+    """Outlier ejection / circuit breaking per replica (`core.routing.outlier`); every policy has it."""
 
-    enabled: bool = True
-    consecutive_failures: int = 5
-    error_rate_threshold: float = 0.5
-    error_rate_window_s: float = 30.0
-    error_rate_min_requests: int = 10
-    base_ejection_s: float = 30.0
-    max_ejection_s: float = 300.0
-    backoff: float = 2.0
-    half_open_probes: int = 1
-    max_ejected_fraction: float = 0.5
+    enabled: bool = Field(default=True, description="Eject replicas that fail (false: never).")
+    consecutive_failures: int = Field(default=5, ge=1, description="Failures in a row that eject.")
+    error_rate_threshold: float = Field(default=0.5, gt=0, le=1, description="Error rate that ejects.")
+    error_rate_window_s: float = Field(default=30.0, gt=0, description="Window of the error rate.")
+    error_rate_min_requests: int = Field(default=10, ge=1, description="Outcomes needed in the window.")
+    base_ejection_s: float = Field(default=30.0, gt=0, description="First ejection's length.")
+    max_ejection_s: float = Field(default=300.0, gt=0, description="Longest ejection.")
+    backoff: float = Field(default=2.0, ge=1, description="Growth of each further ejection.")
+    half_open_probes: int = Field(default=1, ge=1, description="Trial requests after an ejection.")
+    max_ejected_fraction: float = Field(
+        default=0.5, ge=0, le=1, description="Share of replicas ejected at most."
+    )
 
-    def __post_init__(self) -> None:
-        if self.consecutive_failures < 1 or self.error_rate_min_requests < 1 or self.half_open_probes < 1:
-            raise ValueError("consecutive_failures, error_rate_min_requests, half_open_probes must be >= 1")
-        if not 0.0 < self.error_rate_threshold <= 1.0 or not 0.0 <= self.max_ejected_fraction <= 1.0:
-            raise ValueError("error_rate_threshold must be in (0, 1], max_ejected_fraction in [0, 1]")
-        if self.base_ejection_s <= 0 or self.max_ejection_s < self.base_ejection_s or self.backoff < 1.0:
-            raise ValueError("need 0 < base_ejection_s <= max_ejection_s and backoff >= 1")
-        if self.error_rate_window_s <= 0:
-            raise ValueError("error_rate_window_s must be positive")
+    @model_validator(mode="after")
+    def _ejection_order(self) -> OutlierParams:
+        if self.max_ejection_s < self.base_ejection_s:
+            raise ValueError("need base_ejection_s <= max_ejection_s")
+        return self
 
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any] | None) -> OutlierConfig:
-        return cls(**dict(params or {}))
+    def detector(self) -> OutlierDetector | None:
+        """A new detector, or ``None`` when ejection is off."""
+        if not self.enabled:
+            return None
+        return OutlierDetector(self)
 
 
 @dataclass(slots=True)
@@ -74,8 +75,8 @@ class _Replica:
 class OutlierDetector:
     """Per-replica breaker state. ``blocking`` lists replicas not currently closed (usually empty)."""
 
-    def __init__(self, config: OutlierConfig | None = None) -> None:
-        self.config = config or OutlierConfig()
+    def __init__(self, config: OutlierParams | None = None) -> None:
+        self.config = config or OutlierParams()
         self._replicas: dict[str, _Replica] = {}
         self.blocking: dict[str, _Replica] = {}
         self.ejection_count = 0

@@ -13,14 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from fleetgate.core.plugins import PluginParams, Registry
 from fleetgate.core.routing.filters.affinity import AffinityFilter, AffinityParams
 from fleetgate.core.routing.filters.load_guard import LoadGuard, LoadGuardParams
 from fleetgate.core.routing.filters.routable import RoutableFilter, RoutableParams
 from fleetgate.core.routing.filters.sample import RandomSampleFilter, RandomSampleParams
-from fleetgate.core.routing.outlier import OutlierConfig, OutlierDetector
+from fleetgate.core.routing.outlier import OutlierDetector
 from fleetgate.core.routing.pickers.max_score import MaxScoreParams, MaxScorePicker
 from fleetgate.core.routing.pickers.random import RandomPicker, RandomPickerParams
 from fleetgate.core.routing.pickers.round_robin import RoundRobinParams, RoundRobinPicker
@@ -31,35 +31,6 @@ from fleetgate.core.routing.scorers.kv_usage import KvUsageParams, KvUsageScorer
 from fleetgate.core.routing.scorers.queue import QueueLengthParams, QueueLengthScorer
 from fleetgate.core.routing.scorers.ttft import TtftEstimate, TtftEstimateParams
 from fleetgate.core.units import DEFAULT_PROFILE, CostProfile
-
-
-class OutlierParams(PluginParams):
-    """Outlier ejection / circuit breaking per replica (`core.routing.outlier`); every policy has it."""
-
-    enabled: bool = Field(default=True, description="Eject replicas that fail (false: never).")
-    consecutive_failures: int = Field(default=5, ge=1, description="Failures in a row that eject.")
-    error_rate_threshold: float = Field(default=0.5, gt=0, le=1, description="Error rate that ejects.")
-    error_rate_window_s: float = Field(default=30.0, gt=0, description="Window of the error rate.")
-    error_rate_min_requests: int = Field(default=10, ge=1, description="Outcomes needed in the window.")
-    base_ejection_s: float = Field(default=30.0, gt=0, description="First ejection's length.")
-    max_ejection_s: float = Field(default=300.0, gt=0, description="Longest ejection.")
-    backoff: float = Field(default=2.0, ge=1, description="Growth of each further ejection.")
-    half_open_probes: int = Field(default=1, ge=1, description="Trial requests after an ejection.")
-    max_ejected_fraction: float = Field(
-        default=0.5, ge=0, le=1, description="Share of replicas ejected at most."
-    )
-
-    @model_validator(mode="after")
-    def _ejection_order(self) -> OutlierParams:
-        if self.max_ejection_s < self.base_ejection_s:
-            raise ValueError("need base_ejection_s <= max_ejection_s")
-        return self
-
-    def detector(self) -> OutlierDetector | None:
-        """A new detector, or ``None`` when ejection is off."""
-        if not self.enabled:
-            return None
-        return OutlierDetector(OutlierConfig(**self.model_dump()))
 
 
 @dataclass

@@ -20,11 +20,11 @@ from fleetgate.core.plugins import PluginParams, Registry
 from fleetgate.core.routing.base import RoutingPolicy
 from fleetgate.core.routing.cache_aware import CacheAwarePolicy
 from fleetgate.core.routing.fleetgate import FleetgateParams, FleetgatePolicy
+from fleetgate.core.routing.outlier import OutlierParams
 from fleetgate.core.routing.parts import (
     FILTERS,
     PICKERS,
     SCORERS,
-    OutlierParams,
     PartContext,
     ScorerSpec,
     build_scorers,
