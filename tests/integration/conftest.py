@@ -26,11 +26,20 @@ READY = re.compile(r"ready on (http://127\.0\.0\.1:\d+)")
 
 
 class ServerProcess:
-    """A child process that prints ``... ready on http://127.0.0.1:PORT`` once it serves."""
+    """A child process that prints ``... ready on http://127.0.0.1:PORT`` once it serves (``ready``: the
+    pattern of that line, its first group the URL; a trailing ``/`` is dropped)."""
 
-    def __init__(self, args: Sequence[str], name: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        name: str,
+        env: dict[str, str] | None = None,
+        *,
+        ready: re.Pattern[str] = READY,
+    ) -> None:
         self.name = name
         self.args = list(args)
+        self.ready = ready
         self.lines: list[str] = []
         self.url: str | None = None
         self._ready = threading.Event()
@@ -51,9 +60,9 @@ class ServerProcess:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line.rstrip("\n"))
-            match = READY.search(line)
+            match = self.ready.search(line)
             if match and self.url is None:
-                self.url = match.group(1)
+                self.url = match.group(1).rstrip("/")
                 self._ready.set()
         self._ready.set()
 

@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,10 +29,13 @@ from pathlib import Path
 
 import pytest
 
+from integration_tools import integration_tools
+
 PY = sys.executable
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 PREFIX = "fgn"  # namespaces fgn<pid>-<name>, veth devices fgn<pid-hex>x<n>[ab] (at most 15 characters)
 READY = re.compile(r"ready on (https?://\S+)")
+ServerProcess = integration_tools().ServerProcess
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -172,55 +174,12 @@ class Net:
             _ip("netns", "del", host.ns, check=False)
 
 
-class NsProcess:
-    """A process on a host (``ip netns exec``), in its own process group; prints ``ready on URL`` when up."""
+class NsProcess(ServerProcess):
+    """A process on a host (``ip netns exec``), in its own process group; prints ``ready on URL`` when up
+    (``tests/integration/conftest.py``'s ``ServerProcess``, run through the host with this tree's ``src``)."""
 
     def __init__(self, host: Host, args: Sequence[str], name: str, env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.lines: list[str] = []
-        self.url: str | None = None
-        self._ready = threading.Event()
-        self.proc = subprocess.Popen(
-            host.cmd(args),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": SRC, **(env or {})},
-        )
-        threading.Thread(target=self._read, name=f"out-{name}", daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            match = READY.search(line)
-            if match and self.url is None:
-                self.url = match.group(1).rstrip("/")
-                self._ready.set()
-        self._ready.set()
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_ready(self, timeout: float = 60.0) -> str:
-        if not self._ready.wait(timeout) or self.url is None:
-            self.kill()
-            raise RuntimeError(f"{self.name} did not become ready:\n{self.output[-3000:]}")
-        return self.url
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
+        super().__init__(host.cmd(args), name, {"PYTHONPATH": SRC, **(env or {})}, ready=READY)
 
 
 def redis_server(host: Host, bind: Sequence[str], tmp: Path) -> tuple[NsProcess, int]:
