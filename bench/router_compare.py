@@ -34,16 +34,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import contextlib
 import datetime as dt
 import json
 import os
 import platform
-import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,15 +48,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from live_procs import Proc, free_port, spawn, stop_all, wait_http, wait_ready_line
+from llama_fleet import LLAMA_MODEL, LlamaFleet, llama_cache_counters, probe_llama_prefill, start_llama
+from router_repeats import GatewayWatch, block_record, schedule, summarize
+from router_repeats import markdown as repeats_markdown
+
 from fleetgate.bench.prompts import PromptSynth
 from fleetgate.bench.replay import PlannedRequest, ReplayOptions, plan_requests, run_replay
-from fleetgate.engines.llama import (
-    LlamaServerConfig,
-    build_llama_command,
-    default_binary,
-    missing_llama_parts,
-)
+from fleetgate.engines.llama import default_binary
 from fleetgate.sim.traces import default_traces_dir, load_trace
+
+__all__ = ["ENGINE_PROFILE", "LLAMA_MODEL", "LlamaFleet", "engine_facts"]  # router_compare_sim uses them
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -81,7 +80,6 @@ def _routers_bin() -> Path:
 
 
 ROUTERS_BIN = _routers_bin()
-READY = re.compile(r"ready on (http://127\.0\.0\.1:\d+)")
 MODEL = "sim-mooncake"
 
 #: Engine performance profile. Prompts are scaled by 1/32 (a 512-token Mooncake block becomes 16 tokens, one
@@ -124,167 +122,9 @@ def engine_facts(time_scale: float) -> dict[str, Any]:
     return facts
 
 
-@dataclass(frozen=True)
-class LlamaFleet:
-    """How ``--engine llama`` replicas run: llama-server with the tiny model, flags as a deployment sets them.
-
-    ``parallel`` slots share ``ctx_size`` tokens of KV; each slot keeps its last prompt, a new request takes
-    the slot whose prompt it matches best when the match is above ``slot_prompt_similarity`` (llama.cpp's
-    default 0.1), and the host-memory prompt cache (``--cache-ram`` MiB) keeps idle slots' prompts and
-    restores the longest cached prefix of a new prompt. ``cache_ram_mib`` is sized like the simulated
-    engines' prefix cache (65,536 tokens at 2,048 bytes of f16 KV per token: 4 layers x 4 KV heads x 32
-    dimensions x K and V), so the replay's working set does not fit one replica and where a conversation's
-    turns land decides the hit rate, as it would with a real model's far larger KV per token.
-    """
-
-    parallel: int = 4
-    ctx_size: int = 16384
-    cache_ram_mib: int = 128
-    cache_reuse: int = 0
-    slot_prompt_similarity: float = 0.1
-    threads: int = 1
-    kv_bytes_per_token: int = 2048
-
-    def config(self, port: int) -> LlamaServerConfig:
-        extra = (
-            "--cache-ram", str(self.cache_ram_mib), "--cache-reuse", str(self.cache_reuse),
-            "--slot-prompt-similarity", str(self.slot_prompt_similarity),
-        )  # fmt: skip
-        return LlamaServerConfig(
-            port=port, parallel=self.parallel, ctx_size=self.ctx_size, threads=self.threads,
-            alias=LLAMA_MODEL, ignore_eos=True, extra_args=extra,
-        )  # fmt: skip
-
-    def cache_tokens(self) -> int:
-        """Prefix-cache capacity of one replica in tokens: the prompt cache plus the slots' own KV (what an
-        operator knows from the flags and the model's KV size, not read from the engine)."""
-        return self.cache_ram_mib * 2**20 // self.kv_bytes_per_token + self.ctx_size
-
-
-LLAMA_MODEL = "tiny-llama"
-
 FLEETGATE_POLICIES = ("fleetgate", "cache_aware", "p2c", "least_requests", "round_robin", "random")
 EXTERNAL = ("sglang-router:cache_aware", "vllm-router:cache_aware", "vllm-router:round_robin")
 ALL_CONTENDERS = tuple(f"fleetgate:{p}" for p in FLEETGATE_POLICIES) + EXTERNAL
-
-
-# --------------------------------------------------------------------------------------------- processes
-
-
-@dataclass
-class Proc:
-    """A child process in its own process group, with its output in a log file."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    url: str | None = None
-
-    def output(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def stop(self, grace: float = 3.0) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(5)
-
-
-_LIVE: list[Proc] = []
-
-
-def _cleanup() -> None:
-    for p in list(_LIVE):
-        p.stop(grace=1.0)
-    _LIVE.clear()
-
-
-atexit.register(_cleanup)
-
-
-def _pin(cpus: set[int] | None) -> Any:
-    if not cpus:
-        return None
-
-    def pre() -> None:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, cpus)
-
-    return pre
-
-
-def spawn(
-    name: str, args: Sequence[str], logdir: Path, cpus: set[int] | None, env: dict[str, str] | None = None
-) -> Proc:
-    log = logdir / f"{name}.log"
-    fh = open(log, "wb")  # noqa: SIM115 - the child owns it
-    popen = subprocess.Popen(
-        list(args),
-        stdin=subprocess.DEVNULL,
-        stdout=fh,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=_pin(cpus),
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-    )
-    fh.close()
-    proc = Proc(name, popen, log)
-    _LIVE.append(proc)
-    return proc
-
-
-def wait_ready_line(procs: Sequence[Proc], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    pending = [p for p in procs if p.url is None]
-    while pending:
-        for p in list(pending):
-            m = READY.search(p.output())
-            if m:
-                p.url = m.group(1)
-                pending.remove(p)
-            elif p.popen.poll() is not None:
-                raise RuntimeError(f"{p.name} exited:\n{p.output()[-2000:]}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"not ready: {[p.name for p in pending]}")
-        time.sleep(0.05)
-
-
-def wait_http(url: str, proc: Proc, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            raise RuntimeError(f"{proc.name} exited:\n{proc.output()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{proc.name}: {url} not ready:\n{proc.output()[-2000:]}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def stop_all(procs: Sequence[Proc]) -> None:
-    for p in procs:
-        p.stop()
-        if p in _LIVE:
-            _LIVE.remove(p)
 
 
 # --------------------------------------------------------------------------------------------- fleet
@@ -309,7 +149,7 @@ class Setup:
 
 def start_engines(setup: Setup, tag: str) -> list[Proc]:
     if setup.engine == "llama":
-        return start_llama(setup, tag)
+        return start_llama(setup.llama, setup.replicas, setup.logdir, tag, setup.engine_cpus)
     procs = [
         spawn(
             f"{tag}-engine{i}",
@@ -323,53 +163,6 @@ def start_engines(setup: Setup, tag: str) -> list[Proc]:
     ]  # fmt: skip
     wait_ready_line(procs)
     return procs
-
-
-def start_llama(setup: Setup, tag: str) -> list[Proc]:
-    """Fresh llama-server replicas (cold slot and prompt caches), each ready on /health."""
-    missing = missing_llama_parts()
-    if missing:
-        raise RuntimeError("llama-server not built: " + "; ".join(missing))
-    procs = []
-    for i in range(setup.replicas):
-        port = free_port()
-        proc = spawn(f"{tag}-llama{i}", build_llama_command(setup.llama.config(port)), setup.logdir,
-                     setup.engine_cpus)  # fmt: skip
-        proc.url = f"http://127.0.0.1:{port}"
-        procs.append(proc)
-    for proc in procs:
-        assert proc.url is not None
-        wait_http(proc.url + "/health", proc)
-    return procs
-
-
-def llama_cache_counters(engines: Sequence[Proc]) -> dict[str, Any]:
-    """The replicas' own prompt-cache counters since they started (they start fresh for each contender).
-
-    ``llamacpp:prompt_tokens_total`` counts the prompt tokens a replica evaluated and
-    ``llamacpp:prompt_tokens_cached_total`` those it took from its caches, so the hit rate is cached /
-    (cached + evaluated).
-    """
-    cached = evaluated = 0.0
-    per = []
-    for e in engines:
-        try:
-            with urllib.request.urlopen(f"{e.url}/metrics", timeout=5) as resp:
-                text = resp.read().decode()
-        except OSError:
-            per.append(None)
-            continue
-        vals = {}
-        for line in text.splitlines():
-            if line.startswith("llamacpp:") and not line.startswith("#"):
-                name, _, v = line.rpartition(" ")
-                vals[name.removeprefix("llamacpp:")] = float(v)
-        c, ev = vals.get("prompt_tokens_cached_total", 0.0), vals.get("prompt_tokens_total", 0.0)
-        cached, evaluated = cached + c, evaluated + ev
-        per.append({"cached": c, "evaluated": ev, "hit_rate": c / (c + ev) if c + ev else None, **vals})
-    total = cached + evaluated
-    return {"hit_rate": cached / total if total else None, "cached_tokens": cached,
-            "evaluated_tokens": evaluated, "engines": per}  # fmt: skip
 
 
 def start_router(
@@ -431,8 +224,10 @@ def run_one(
     concurrency_limit: int | None = None,
     measure_from_send: bool = False,
     warmup: Sequence[PlannedRequest] = (),
+    watch_s: float = 0.0,
 ) -> dict[str, Any]:
-    """Fresh engines + router, one replay (after an optional warm-up), everything stopped again."""
+    """Fresh engines + router, one replay (after an optional warm-up), everything stopped again; with
+    ``watch_s`` a fleetgate gateway's per-replica learned rates are sampled that often (``GatewayWatch``)."""
     engines = start_engines(setup, tag)
     router: Proc | None = None
     try:
@@ -452,9 +247,14 @@ def run_one(
             scrape_interval_s=2.0,
             window_s=60.0,
         )
+        watch = None
+        if watch_s > 0 and router_metrics and contender.startswith("fleetgate:"):
+            watch = GatewayWatch(router_metrics, watch_s).start()
         t0 = time.monotonic()
         report = asyncio.run(run_replay(planned, opts))
         report["run_wall_s"] = round(time.monotonic() - t0, 1)
+        if watch is not None:
+            report["gateway_watch"] = watch.stop()
         report["router_counters"] = _router_counters(router_metrics)
         if setup.engine == "llama":
             # Per-engine cached and evaluated tokens from both llama.cpp counters (the runs recorded in
@@ -486,47 +286,6 @@ def _router_counters(url: str | None) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------------------------- calibration
-
-
-def probe_llama_prefill(setup: Setup, log: Any, repeats: int = 3) -> dict[str, Any]:
-    """Prefill cost of one llama-server replica as the simulator's engine model needs it.
-
-    Sequential requests (nothing else on the replica), cold prompts of 64-3,000 tokens and the same prompts
-    extended after a cached prefix; each response's ``timings`` (the engine's own ``prompt_n``, ``cache_n``,
-    ``prompt_ms``) fit ``t = a * n + b * n * (2c + n)`` for ``n`` evaluated tokens after ``c`` cached ones
-    (``PerfParams.prefill_s_per_token`` and ``prefill_s_per_token_sq``). Median of ``repeats`` per shape.
-    """
-    import numpy as np
-
-    synth = PromptSynth(tokens_scale=1.0, source_block_tokens=16)
-    engines = start_llama(replace(setup, replicas=1), "probe")
-    rows: list[tuple[float, int, int]] = []
-    try:
-        url = f"{engines[0].url}/v1/chat/completions"
-        for k, words in enumerate((16, 64, 128, 256, 512, 768)):
-            base = synth.text(tuple(range(k * 1000, k * 1000 + words // 16)), words, unique_key=f"p{k}")
-            for extra, rep in [(0, r) for r in range(repeats)] + [(48, r) for r in range(repeats)]:
-                tail = "" if not extra else synth.text((), extra, unique_key=f"t{k}-{rep}")
-                # cold: a fresh unique prefix word each time; warm: the same base, a new tail
-                head = f"probe{k}x{rep} " if not extra else ""
-                body = {"model": setup.model, "max_tokens": 1, "temperature": 0,
-                        "messages": [{"role": "user", "content": head + base + tail}]}  # fmt: skip
-                req = urllib.request.Request(
-                    url, json.dumps(body).encode(), {"Content-Type": "application/json"}
-                )
-                with urllib.request.urlopen(req, timeout=60) as resp:
-                    t = json.load(resp)["timings"]
-                rows.append((t["prompt_ms"] / 1000.0, int(t["prompt_n"]), int(t.get("cache_n", 0))))
-    finally:
-        stop_all(engines)
-    a_mat = np.array([[n, n * (2 * c + n)] for _, n, c in rows], dtype=float)
-    y = np.array([r[0] for r in rows])
-    (a, b), *_ = np.linalg.lstsq(a_mat, y, rcond=None)
-    mape = float(np.mean(np.abs(a_mat @ np.array([a, b]) - y) / y))
-    out = {"prefill_tokens_per_s": 1.0 / a if a > 0 else None, "prefill_s_per_token_sq": float(b),
-           "mape": mape, "samples": rows, "load_avg": os.getloadavg()[0]}  # fmt: skip
-    log(f"llama prefill probe: 1/a = {1.0 / a:.0f} tokens/s, b = {b:.3e} s, MAPE {mape:.1%}")
-    return out
 
 
 def calibrate(
@@ -615,7 +374,7 @@ def overhead(
 # --------------------------------------------------------------------------------------------- report
 
 
-def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
+def markdown(results: dict[str, dict[str, Any]]) -> str:
     def ms(v: Any) -> str:
         return "-" if v is None else f"{v * 1000:.0f}"
 
@@ -734,6 +493,16 @@ def main() -> None:
         "--probe-prefill", action="store_true",
         help="llama: only measure one replica's prefill cost (for router_compare_sim.py) and exit.",
     )  # fmt: skip
+    ap.add_argument(
+        "--repeats", type=int, default=1,
+        help="Run every contender N times, interleaved: each repeat in an order shuffled by --seed "
+        "(router_repeats.py); results are medians over repeats and paired default/other ratios.",
+    )  # fmt: skip
+    ap.add_argument("--seed", type=int, default=1, help="Seed of the per-repeat contender order.")
+    ap.add_argument(
+        "--watch-gateway", type=float, default=0.0, metavar="S",
+        help="Sample fleetgate gateways' per-replica learned prefill rate and requests every S seconds.",
+    )  # fmt: skip
     ap.add_argument("--no-pin", action="store_true")
     ap.add_argument("--quick", action="store_true", help="Smoke run: 240 requests, no calibration.")
     ap.add_argument("--out", type=Path, default=None, help="Write all results as JSON here.")
@@ -791,7 +560,7 @@ def main() -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     if args.probe_prefill:
-        probe = probe_llama_prefill(replace(setup, engine="llama"), log)
+        probe = probe_llama_prefill(setup.llama, logdir, log)
         print(json.dumps({k: v for k, v in probe.items() if k != "samples"}, indent=2))
         if args.out:
             args.out.write_text(json.dumps(probe, indent=2))
@@ -811,63 +580,88 @@ def main() -> None:
     planned = [replace(r, at_s=r.at_s / rate) for r in full]
     log(f"replaying at rate x{rate:.2f}: {len(planned)} requests over {planned[-1].at_s:.0f}s per contender")
 
-    results: dict[str, dict[str, Any]] = {}
-    for i, name in enumerate(contenders):
+    def meta() -> dict[str, Any]:
+        return {
+            "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"),
+            "machine": f"{_cpu_model()}, {ncpu} CPUs, Python {platform.python_version()}",
+            "load_avg_at_start": load_at_start,
+            "load_avg_at_end": os.getloadavg()[0],
+            "engine": args.engine,
+            "llama": asdict(setup.llama) if args.engine == "llama" else None,
+            "llama_server": str(default_binary()) if args.engine == "llama" else None,
+            "command": " ".join(sys.argv),
+            "trace": str(args.trace),
+            "requests": len(full),
+            "rate_scale": rate,
+            "replay_span_s": planned[-1].at_s if planned else 0.0,
+            "replicas": args.replicas,
+            "repeats": args.repeats,
+            "seed": args.seed,
+            "engine_time_scale": args.engine_time_scale if args.engine == "sim" else None,
+            "engine_profile": ENGINE_PROFILE["perf"] if args.engine == "sim" else None,
+            "policy_params": setup.policy_params,
+            "tokens_scale": args.tokens_scale,
+            "pinning": {
+                "engines": sorted(engine_cpus or []),
+                "routers_and_client": sorted(router_cpus or []),
+            },
+            "calibration": calibration,
+            "total_wall_s": round(time.monotonic() - started, 1),
+        }
+
+    def write(doc: dict[str, Any], table: str) -> None:
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"meta": meta(), **doc}, indent=2))
+        if args.md:
+            args.md.write_text(table + "\n")
+
+    results: dict[str, dict[str, Any]] = {}  # one repeat: each contender's full report
+    blocks: list[dict[str, Any]] = []
+    for i, (repeat, name) in enumerate(schedule(contenders, args.repeats, args.seed)):
         load_before = os.getloadavg()[0]
+        info = {"repeat": repeat, "position": i, "contender": name,
+                "start_utc": dt.datetime.now(dt.UTC).strftime("%H:%M:%S")}  # fmt: skip
         try:
-            rep = run_one(name, planned, setup, f"run{i}")
+            rep = run_one(name, planned, setup, f"run{i}", watch_s=args.watch_gateway)
             rep["load_avg_1min"] = [load_before, os.getloadavg()[0]]  # the machine's, before and after
         except Exception as exc:
             log(f"{name}: FAILED {exc}")
             results[name] = {"failed": str(exc)[:2000], "ttft_s": {"p50": None, "p95": None, "p99": None},
                              "e2e_s": {"p95": None}, "output_tokens_per_s": None, "errors": None}  # fmt: skip
+            blocks.append({**info, "failed": str(exc)[:2000], "load_avg_1min": [load_before, None]})
             continue
         results[name] = rep
+        blocks.append(block_record(rep, **info, load_avg_1min=rep["load_avg_1min"]))
         t = rep["ttft_s"]
         log(
-            f"{name}: TTFT p50/p95/p99 {t['p50']:.3f}/{t['p95']:.3f}/{t['p99']:.3f}s "
+            f"[{repeat}] {name}: TTFT p50/p95/p99 {t['p50']:.3f}/{t['p95']:.3f}/{t['p99']:.3f}s "
             f"hit {rep.get('prefix_cache_hit_rate') or 0:.3f} "
             f"load {rep.get('load_max_over_mean_window') or 0:.2f} "
             f"errors {rep['errors']} ({rep['run_wall_s']}s, "
             f"load avg {load_before:.1f}->{os.getloadavg()[0]:.1f})"
         )
+        if args.repeats > 1:  # after every block, so a cut-short matrix keeps what it measured
+            summary = summarize(blocks)
+            write({**summary, "blocks": blocks}, repeats_markdown(blocks, summary))
+    if args.repeats > 1:
+        summary = summarize(blocks)
+        table = repeats_markdown(blocks, summary)
+        print(table)
+        print(json.dumps(summary["targets"], indent=2))
+        log(f"done in {round(time.monotonic() - started, 1)}s")
+        write({**summary, "blocks": blocks}, table)
+        return
     # The overhead phase needs instant engines (the simulated engine at --time-scale 0).
     do_overhead = args.overhead_requests > 0 and args.engine == "sim"
     overhead_result = overhead(args, setup, full, log) if do_overhead else {}
     ok = {k: v for k, v in results.items() if "failed" not in v}
-    meta = {
-        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{_cpu_model()}, {ncpu} CPUs, Python {platform.python_version()}",
-        "load_avg_at_start": load_at_start,
-        "load_avg_at_end": os.getloadavg()[0],
-        "engine": args.engine,
-        "llama": asdict(setup.llama) if args.engine == "llama" else None,
-        "llama_server": str(default_binary()) if args.engine == "llama" else None,
-        "command": " ".join(sys.argv),
-        "trace": str(args.trace),
-        "requests": len(full),
-        "rate_scale": rate,
-        "replay_span_s": planned[-1].at_s if planned else 0.0,
-        "replicas": args.replicas,
-        "engine_time_scale": args.engine_time_scale if args.engine == "sim" else None,
-        "engine_profile": ENGINE_PROFILE["perf"] if args.engine == "sim" else None,
-        "policy_params": setup.policy_params,
-        "tokens_scale": args.tokens_scale,
-        "pinning": {"engines": sorted(engine_cpus or []), "routers_and_client": sorted(router_cpus or [])},
-        "calibration": calibration,
-        "overhead": overhead_result,
-        "total_wall_s": round(time.monotonic() - started, 1),
-    }
-    table = markdown(ok, meta)
+    table = markdown(ok)
     verdict = targets(ok)
     print(table)
     print(json.dumps(verdict, indent=2))
-    log(f"done in {meta['total_wall_s']}s")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"meta": meta, "targets": verdict, "results": results}, indent=2))
-    if args.md:
-        args.md.write_text(table + "\n")
+    log(f"done in {round(time.monotonic() - started, 1)}s")
+    write({"targets": verdict, "results": results, "overhead": overhead_result}, table)
 
 
 if __name__ == "__main__":
