@@ -23,6 +23,7 @@ from typing import Any
 
 from fleetgate.core.units import CostProfile
 from fleetgate.sim.entities import EngineModel
+from fleetgate.sim.speed import SpeedVariation, SpeedVaryingEngine
 from fleetgate.simengine.perfmodel import EngineModel as PerfEngine
 from fleetgate.simengine.perfmodel import PerfParams
 
@@ -56,13 +57,21 @@ def perf_params_from_profile(
 
 
 def engine_factory(
-    profile: CostProfile, *, hash_block_tokens: int = 16, overrides: Mapping[str, Any] | None = None
+    profile: CostProfile,
+    *,
+    hash_block_tokens: int = 16,
+    overrides: Mapping[str, Any] | None = None,
+    speed: SpeedVariation | None = None,
 ) -> Callable[[str], EngineModel]:
-    """A factory of fresh engine models (one per replica name) for ``sim.des.Simulator``."""
+    """A factory of fresh engine models (one per replica name) for ``sim.des.Simulator``; ``speed``: replicas
+    whose speed differs or wanders (``sim.speed``), else every replica is the same engine."""
     params = perf_params_from_profile(profile, hash_block_tokens=hash_block_tokens, overrides=overrides)
 
     def make(name: str) -> EngineModel:
-        del name  # every replica of a deployment is the same engine
-        return PerfEngine(params, track_emitted=False)  # the simulator reads first tokens and finishes only
+        # (the simulator reads first tokens and finishes only: no per-token emission tracking)
+        engine = PerfEngine(params, track_emitted=False)
+        if speed is not None and speed.active:
+            return SpeedVaryingEngine(engine, speed, name)
+        return engine
 
     return make

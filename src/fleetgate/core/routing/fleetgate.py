@@ -210,6 +210,9 @@ class FleetgatePolicy(PolicyBase):
         hot = aff.is_hot(subset)
         exempt_tokens = guard.exempt_tokens(request, hot)
 
+        pool = est.pool  # learned rates shrunk toward the deployment's median (over every candidate)
+        if pool is not None:
+            pool.update(cands)
         sticky = self.picker.sticky_cache
         skipped = 0
         lim = self.scan_limit
@@ -258,9 +261,9 @@ class FleetgatePolicy(PolicyBase):
                     lt = r.learned_prefill_tokens_per_s
                     if lt:
                         learned_seen = True
-                        sec_per_mu = 1.0 / (spt * lt) if spt > 0 else 0.0
-                    else:
-                        sec_per_mu = 0.0
+                    if pool is not None:
+                        lt = pool.rate(lt)
+                    sec_per_mu = 1.0 / (spt * lt) if lt and spt > 0 else 0.0
                 # Time to first token: prefill queued ahead (virtual finish time) + own uncached prefill.
                 st = reps.get(name)
                 if st is None:
@@ -327,6 +330,8 @@ class FleetgatePolicy(PolicyBase):
         pmu = full - save_per_token * cached
         if per_replica_rate:
             lt = rep.learned_prefill_tokens_per_s
+            if pool is not None:
+                lt = pool.rate(lt)
             sec_per_mu = 1.0 / (spt * lt) if lt and spt > 0 else 0.0
         est.memo = (request, name, pmu, _cap(rep), pmu * sec_per_mu if sec_per_mu else pmu / _cap(rep))
         return RouteDecision(

@@ -9,7 +9,8 @@ For a candidate replica the estimate is
 raised to the engine's own waiting queue when the scrape shows one *and* the engine is short of KV memory.
 Prefill seconds are uncached tokens / the engine's prefill rate when one is known (``prefill_tokens_per_s``
 when configured, else the rate the gateway learned online for that replica,
-``ReplicaSnapshot.learned_prefill_tokens_per_s``), else prefill MU / the replica's MU rate.
+``ReplicaSnapshot.learned_prefill_tokens_per_s``, taken through ``PooledRates`` when
+``learned_rate_noise`` > 1), else prefill MU / the replica's MU rate.
 
 State (all fed by ``on_dispatch`` / ``on_first_token`` / ``on_complete``): the expected prefix cache
 (``PrefixIndex`` of blocks routed to each replica, LRU-bounded by ``cache_tokens_per_replica``), the fluid
@@ -92,8 +93,67 @@ class TtftEstimateParams(PluginParams):
         default="auto",
         description="Correct the fluid queue by the real first-token time; `auto`: with the dispatch gate.",
     )
+    learned_rate_noise: float = Field(
+        default=1.0,
+        ge=1.0,
+        description="How far apart (a factor) the learned prefill rates of identical replicas may be by "
+        "noise alone. A replica's learned rate within this factor of the median over the candidates counts "
+        "as the median; beyond it, its difference is shrunk on the log scale (d -> d - log(f)^2 / d: 4x "
+        "the median with 1.5 counts as 3.6x); a replica not learned yet gets the median. 1: each "
+        "replica's own rate. Not used with `prefill_tokens_per_s`.",
+    )
 
     _switch = field_validator("first_token_feedback", mode="before")(switch)
+
+
+class PooledRates:
+    """Learned prefill rates shrunk toward the deployment's median (``learned_rate_noise``).
+
+    The online learner gives each replica its own estimate, and on identical replicas those estimates scatter
+    (the same engine read 1.5-2.4x apart on a shared machine: docs/benchmarks.md, session 6), so a TTFT
+    estimate that divides by them sends more to whichever replica happened to look fast. On the log scale, a
+    replica's distance ``d`` from the median is shrunk to ``d - s^2 / d`` beyond the noise ``s = log(noise)``
+    and to 0 within it (positive-part James-Stein shrinkage): identical replicas get one rate, a replica
+    much faster than the noise keeps most of its difference (4x the median with noise 1.5: 3.6x).
+    ``update`` is called once per pick with the candidates; the median is recomputed only when their rates
+    changed.
+    """
+
+    __slots__ = ("_log_noise", "_memo", "_rates", "median", "noise")
+
+    def __init__(self, noise: float) -> None:
+        self.noise = noise
+        self._log_noise = math.log(noise)
+        self.median: float | None = None
+        self._rates: list[float | None] = []
+        self._memo: dict[float, float] = {}
+
+    def update(self, candidates: Sequence[ReplicaSnapshot]) -> None:
+        rates = [r.learned_prefill_tokens_per_s for r in candidates]
+        if rates == self._rates:
+            return
+        self._rates = rates
+        known = sorted(x for x in rates if x)
+        n = len(known)
+        med = None if n == 0 else (known[n // 2] if n % 2 else 0.5 * (known[n // 2 - 1] + known[n // 2]))
+        if med != self.median:
+            self.median = med
+            self._memo = {}
+
+    def rate(self, own: float | None) -> float | None:
+        """The rate to use for a replica whose own learned rate is ``own`` (``None``: not learned yet)."""
+        med = self.median
+        if med is None:
+            return own
+        if not own:
+            return med
+        got = self._memo.get(own)
+        if got is None:
+            d = math.log(own / med)
+            s = self._log_noise
+            got = med if -s <= d <= s else med * math.exp(d - s * s / d)
+            self._memo[own] = got
+        return got
 
 
 class TtftEstimate(StageBase):
@@ -144,6 +204,12 @@ class TtftEstimate(StageBase):
         self.engine_queue = params.engine_queue
         self.engine_queue_kv = params.engine_queue_kv
         self.cache_tokens_per_replica = params.cache_tokens_per_replica
+        #: Learned rates shrunk toward the median (``None``: each replica's own rate, or a configured one).
+        self.pool: PooledRates | None = (
+            PooledRates(params.learned_rate_noise)
+            if params.learned_rate_noise > 1.0 and params.prefill_tokens_per_s is None
+            else None
+        )
         self.loads = loads if loads is not None else ReplicaLoads(60.0)
         self.index: PrefixIndex | None = None
         #: Whether a snapshot ever carried a learned prefill rate (turns the automatic gate and feedback on).
@@ -223,13 +289,18 @@ class TtftEstimate(StageBase):
         spt = full / inp if inp > 0 else 0.0
         reps = self.loads.reps
         busy = self._busy
+        pool = self.pool
+        if pool is not None:
+            pool.update(candidates)
         out_t: list[float] = []
         out_pre: list[float] = []
         for r in candidates:
             cap = r.capacity_mu_per_min / 60.0
             if cap <= 0.0:
                 cap = 1e-9
-            tps = self.prefill_tps or r.learned_prefill_tokens_per_s
+            tps = self.prefill_tps or (
+                r.learned_prefill_tokens_per_s if pool is None else pool.rate(r.learned_prefill_tokens_per_s)
+            )
             if r.learned_prefill_tokens_per_s:
                 self.learned_seen = True
             sec_per_mu = 1.0 / (spt * tps) if tps and spt > 0 else 0.0
@@ -271,8 +342,14 @@ class TtftEstimate(StageBase):
         cap = replica.capacity_mu_per_min / 60.0
         if cap <= 0.0:
             cap = 1e-9
-        tps = self.prefill_tps or replica.learned_prefill_tokens_per_s
+        tps = self.prefill_tps or self.learned_rate(replica)
         self.memo = (request, replica.name, pre_mu, cap, self.prefill_s(request, pre_mu, cap, tps))
+
+    def learned_rate(self, replica: ReplicaSnapshot) -> float | None:
+        """The learned prefill rate the estimate uses for ``replica`` (pooled per ``learned_rate_noise``; the
+        pool is the one of the last ``estimates`` / pick)."""
+        own = replica.learned_prefill_tokens_per_s
+        return own if self.pool is None else self.pool.rate(own)
 
     def backlog_s(self, replicas: Sequence[ReplicaSnapshot], now: float) -> float:
         """Seconds until the least-loaded of the ``replicas`` that may take a request has drained the prefill
