@@ -38,6 +38,7 @@ from fleetgate.core.capacity import (
 from fleetgate.gateway.admission import Admission
 from fleetgate.periodic import Periodic
 from fleetgate.providers.base import ReplicaCounts, ReplicaProvider, ReplicaStatus
+from fleetgate.tasks import cancel_and_wait
 
 log = logging.getLogger("fleetgate.capacity")
 
@@ -363,10 +364,7 @@ class PoolLoop:
         """Stop deciding (a decision under way finishes), then cancel the scale changes in flight."""
         await self._loop.stop()
         for m in self.members:
-            if m.task is not None:
-                m.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await m.task
+            await cancel_and_wait(m.task)
             m.task = None
 
     async def wait_applied(self) -> None:

@@ -12,6 +12,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from fleetgate.tasks import cancel_and_wait
+
 log = logging.getLogger("fleetgate.periodic")
 
 
@@ -54,9 +56,7 @@ class Periodic:
         try:
             await asyncio.wait_for(asyncio.shield(task), self.stop_timeout_s)
         except TimeoutError:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while not self._stopping.is_set():

@@ -61,6 +61,7 @@ from fleetgate.gateway.admission import AdmissionHooks, TenantSummary
 from fleetgate.gateway.ratelimit import decision_headers
 from fleetgate.profiles import replica_capacity_mu_per_min
 from fleetgate.stores import AdmissionStore, StoreUnavailableError, build_store
+from fleetgate.tasks import cancel_and_wait
 
 log = logging.getLogger("fleetgate.admission")
 
@@ -217,10 +218,7 @@ class AdmissionService(AdmissionHooks):
         """Stop the waker, finish pending releases, reject queued requests, close the store."""
         self._closed = True
         for task in (self._waker, self._renewer):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(task)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._execute(self.machine.close(self.clock()), self.clock())

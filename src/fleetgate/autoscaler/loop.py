@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetgate.core.autoscale import AutoscaleContext, ReportingAutoscaler
 from fleetgate.providers.base import ReplicaCounts, ReplicaProvider, ReplicaStatus
+from fleetgate.tasks import cancel_and_wait
 
 log = logging.getLogger("fleetgate.autoscaler")
 
@@ -159,10 +160,7 @@ class AutoscalerLoop:
 
     async def stop(self) -> None:
         for task in (self._task, self._apply_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(task)
         self._task = self._apply_task = None
 
     @property

@@ -46,6 +46,7 @@ from fleetgate.engines.dialects import EngineDialect
 from fleetgate.engines.dialects.base import PROBE_PRIORITY_LOW_FIRST
 from fleetgate.engines.dialects.openai import OPENAI
 from fleetgate.engines.metrics import engine_signals, parse_prometheus_text
+from fleetgate.tasks import cancel_and_wait
 
 log = logging.getLogger("fleetgate.health")
 
@@ -283,10 +284,7 @@ class HealthMonitor:
 
     async def stop(self) -> None:
         task, self._loop_task = self._loop_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         for t in list(self._tasks):
             t.cancel()
         if self._tasks:

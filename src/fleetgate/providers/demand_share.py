@@ -22,6 +22,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from fleetgate.core.autoscale import DemandMeter
+from fleetgate.tasks import cancel_and_wait
 
 log = logging.getLogger("fleetgate.demand")
 
@@ -99,11 +100,8 @@ class SharedDemand:
             self._task = asyncio.create_task(self._run(), name=f"fleetgate-demand-{self.prefix}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         with contextlib.suppress(Exception):
             await self._redis.delete(self.key)
         await self._redis.aclose()

@@ -29,7 +29,6 @@ STARTING (known, not routable), endpoint gone -> removed from the list.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import sys
@@ -48,6 +47,7 @@ from fleetgate.providers.kubernetes import (
     parse_endpoint_slices,
     retry_after_seconds,
 )
+from fleetgate.tasks import cancel_and_wait
 
 log = logging.getLogger("fleetgate.providers.kubernetes")
 
@@ -268,8 +268,5 @@ class EndpointSliceWatcher:
             self._task = asyncio.create_task(self.run(), name=f"k8s-watch-{self.provider.service}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None

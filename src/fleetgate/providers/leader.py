@@ -12,7 +12,6 @@ the key expires in Redis itself one lease after the last renewal) and ``leader_l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -28,6 +27,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from fleetgate.core.health import RemediationDeclined
 from fleetgate.core.leader import LeaderElection, LeaseRecord
 from fleetgate.providers.base import ProviderError
+from fleetgate.tasks import cancel_and_wait
 
 log = logging.getLogger("fleetgate.leader")
 
@@ -110,11 +110,8 @@ class LeaderElector:
 
     async def stop(self) -> None:
         """Stop trying; a leader hands the lease back so that another takes over at once."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         released = self.election.release(self.wall_clock())
         if released is not None and self._version is not None:
             try:

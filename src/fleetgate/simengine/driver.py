@@ -11,11 +11,11 @@ freezes the clock; a slow one scales it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable
 
 from fleetgate.simengine.metrics import EngineMetrics
 from fleetgate.simengine.perfmodel import EngineModel, EngineRequest, StepResult
+from fleetgate.tasks import cancel_and_wait
 
 
 class Live:
@@ -59,11 +59,8 @@ class EngineDriver:
         self._task = asyncio.create_task(self._drive(), name="simengine-driver")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     def now(self) -> float:
         """Real (loop) time."""

@@ -30,6 +30,7 @@ from fleetgate.providers.base import (
     ReplicaStatus,
 )
 from fleetgate.providers.local.process import die_with_parent, free_port, signal_group
+from fleetgate.tasks import cancel_and_wait
 
 log = logging.getLogger("fleetgate.providers.local")
 
@@ -294,8 +295,5 @@ class LocalProcessProvider:
                 await process.wait()
         if process is not None:
             signal_group(process.pid, signal.SIGKILL)  # stragglers the engine forked, if any
-        if proc.reader is not None:
-            proc.reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await proc.reader
+        await cancel_and_wait(proc.reader)
         proc.process = None
