@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -42,3 +44,13 @@ async def closed_loop_client(
             mon.observe_request(name, False)
             await asyncio.sleep(0.1)
     return done
+
+
+async def wait_until(cond: Callable[[], bool], within_s: float, step: float = 0.05) -> float:
+    """Wait until ``cond()``; returns the seconds it took (fails the test on timeout)."""
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > within_s:
+            raise AssertionError(f"condition not met within {within_s} s")
+        await asyncio.sleep(step)
+    return time.monotonic() - start

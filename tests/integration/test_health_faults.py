@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from health_tools import FAST
+from health_tools import FAST, wait_until
 from prometheus_client import CollectorRegistry
 
 from fleetgate.core.health import HealthPolicy, Transition
@@ -54,16 +54,6 @@ async def _fault(url: str, kind: str, value: float | None = None) -> None:
         assert r.status == 200, await r.text()
 
 
-async def _wait(cond: Callable[[], bool], within_s: float, step: float = 0.05) -> float:
-    """Wait until ``cond()``; returns the seconds it took (fails the test on timeout)."""
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > within_s:
-            raise AssertionError(f"condition not met within {within_s} s")
-        await asyncio.sleep(step)
-    return time.monotonic() - start
-
-
 async def _complete(url: str, max_tokens: int = 4) -> int:
     async with (
         aiohttp.ClientSession() as s,
@@ -94,13 +84,13 @@ async def test_hang_with_real_defaults(provider: LocalProcessProvider) -> None:
     mon.set_replicas(urls)
     await mon.start()
     try:
-        await _wait(lambda: all(mon.state(n) == HealthState.HEALTHY for n in urls), 20)
+        await wait_until(lambda: all(mon.state(n) == HealthState.HEALTHY for n in urls), 20)
         victim, other = sorted(urls)
         old_pid = next(r.pid for r in await provider.list() if r.name == victim)
         await _fault(urls[victim], "hang")
         t0 = time.monotonic()
-        out = await _wait(lambda: not mon.routable(victim), 30)
-        back = await _wait(lambda: mon.state(victim) == HealthState.HEALTHY, 30 - out + 0.5) + out
+        out = await wait_until(lambda: not mon.routable(victim), 30)
+        back = await wait_until(lambda: mon.state(victim) == HealthState.HEALTHY, 30 - out + 0.5) + out
         total = time.monotonic() - t0
         assert total <= 30.0, f"hang took {total:.1f} s to recover (out of routing after {out:.1f} s)"
         assert back <= 30.0
@@ -141,10 +131,10 @@ async def test_crash_and_error_rate_are_restarted(
     mon.set_replicas(urls)
     await mon.start()
     try:
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 20)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 20)
         await _fault(urls[name], kind, value)
-        await _wait(lambda: not mon.routable(name), 15)
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 30)
+        await wait_until(lambda: not mon.routable(name), 15)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 30)
         assert await _complete(urls[name]) == 200
         reasons = [t.reason for t in mon.events if t.new == HealthState.UNHEALTHY]
         expected = "refused" if kind == "crash" else "http_500"
@@ -163,7 +153,7 @@ async def test_error_rate_seen_by_real_requests(provider: LocalProcessProvider) 
     mon.set_replicas(urls)
     await mon.start()
     try:
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 20)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 20)
         await _fault(urls[name], "error_rate", 0.8)
         for _ in range(20):
             status = await _complete(urls[name])
@@ -172,7 +162,7 @@ async def test_error_rate_seen_by_real_requests(provider: LocalProcessProvider) 
                 break
         assert not mon.routable(name)
         assert any("error_rate" in t.reason for t in mon.events)
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 30)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 30)
     finally:
         await mon.stop()
 
@@ -246,13 +236,13 @@ async def test_slow_replica_is_suspect_not_killed(provider: LocalProcessProvider
     mon.set_replicas(urls)
     await mon.start()
     try:
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 20)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 20)
         await _fault(urls[name], "slow", 3000.0)  # a 1-token probe: ~12 ms -> ~0.5 s
-        await _wait(lambda: mon.state(name) == HealthState.SUSPECT, 15)
+        await wait_until(lambda: mon.state(name) == HealthState.SUSPECT, 15)
         await asyncio.sleep(3.0)
         assert mon.routable(name)
         assert not [t for t in mon.events if t.new in (HealthState.UNHEALTHY, HealthState.RESTARTING)]
         await _fault(urls[name], "none")
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 10)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 10)
     finally:
         await mon.stop()

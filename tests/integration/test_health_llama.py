@@ -25,12 +25,12 @@ import os
 import signal
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 from engine_http import MODEL
-from health_tools import FAST, closed_loop_client
+from health_tools import FAST, closed_loop_client, wait_until
 from prometheus_client import CollectorRegistry
 
 from fleetgate.core.health import HealthPolicy
@@ -99,15 +99,6 @@ def _monitor(prov: LocalProcessProvider, reg: CollectorRegistry, policy: HealthP
     )
 
 
-async def _wait(cond: Callable[[], bool], within_s: float, step: float = 0.05) -> float:
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > within_s:
-            raise AssertionError(f"condition not met within {within_s} s")
-        await asyncio.sleep(step)
-    return time.monotonic() - start
-
-
 async def _complete(url: str, max_tokens: int = 4, timeout_s: float = 10.0) -> int:
     body = {"model": MODEL, "prompt": "hello there", "max_tokens": max_tokens}
     async with (
@@ -134,14 +125,14 @@ async def test_stalled_generation_with_health_200_is_detected_and_restarted(
     await mon.start()
     stalled: StalledThread | None = None
     try:
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 30)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 30)
         stalled = StalledThread(rep.pid)  # the main thread runs llama-server's inference loop
         t0 = time.monotonic()
         assert await _health(rep.url) == 200  # the engine still says it is fine
         with pytest.raises(TimeoutError):
             await _complete(rep.url, timeout_s=1.5)  # ... while nothing makes progress
-        out = await _wait(lambda: not mon.routable(name), 20)
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 30)
+        out = await wait_until(lambda: not mon.routable(name), 20)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 30)
         back = time.monotonic() - t0
         new = (await provider.list())[0]
         assert new.url == rep.url and new.pid != rep.pid
@@ -163,11 +154,11 @@ async def test_crash_is_restarted(provider: LocalProcessProvider) -> None:
     mon.set_replicas({name: rep.url})
     await mon.start()
     try:
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 30)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 30)
         os.killpg(rep.pid, signal.SIGKILL)
         t0 = time.monotonic()
-        out = await _wait(lambda: not mon.routable(name), 15)
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 30)
+        out = await wait_until(lambda: not mon.routable(name), 15)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 30)
         back = time.monotonic() - t0
         assert await _complete(rep.url) == 200
         reasons = [t.reason for t in mon.events if t.new == HealthState.UNHEALTHY]
@@ -203,15 +194,15 @@ async def test_slow_replica_is_suspect_not_killed(provider: LocalProcessProvider
     stop = asyncio.Event()
     slow: asyncio.Task[None] | None = None
     try:
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 30)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 30)
         slow = asyncio.create_task(_duty_cycle(rep.pid, stop, stopped_s=0.3, running_s=0.2))
-        await _wait(lambda: mon.state(name) == HealthState.SUSPECT, 15)
+        await wait_until(lambda: mon.state(name) == HealthState.SUSPECT, 15)
         await asyncio.sleep(4.0)
         assert mon.routable(name)
         assert not [t for t in mon.events if t.new in (HealthState.UNHEALTHY, HealthState.RESTARTING)]
         stop.set()
         await slow
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 15)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 15)
         assert (await provider.list())[0].pid == rep.pid  # never restarted
     finally:
         stop.set()
@@ -239,7 +230,7 @@ async def test_overload_soak_has_no_false_kills(provider: LocalProcessProvider) 
     failed = 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await mon.start()
-        await _wait(lambda: all(mon.state(n) == HealthState.HEALTHY for n in reps), 30)
+        await wait_until(lambda: all(mon.state(n) == HealthState.HEALTHY for n in reps), 30)
         clients = [
             asyncio.create_task(closed_loop_client(session, mon, name, url, stop, BODY))
             for name, url in reps.items()

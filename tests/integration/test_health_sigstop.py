@@ -12,9 +12,9 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable
 
 import pytest
+from health_tools import wait_until
 from prometheus_client import CollectorRegistry
 
 from fleetgate.core.health import HealthPolicy
@@ -25,15 +25,6 @@ from fleetgate.providers.local import LocalProcessProvider, sim_engine_command
 from real_engines import need_llama
 
 pytestmark = pytest.mark.timeout(180)
-
-
-async def _wait(cond: Callable[[], bool], within_s: float) -> float:
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > within_s:
-            raise AssertionError(f"condition not met within {within_s} s")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
 
 
 async def _freeze_detect_restart(
@@ -48,11 +39,11 @@ async def _freeze_detect_restart(
     mon.set_replicas({name: url})
     await mon.start()
     try:
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 30)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 30)
         os.killpg(pid, signal.SIGSTOP)
         t0 = time.monotonic()
-        out = await _wait(lambda: not mon.routable(name), 30)
-        await _wait(lambda: mon.state(name) == HealthState.HEALTHY, 40)
+        out = await wait_until(lambda: not mon.routable(name), 30)
+        await wait_until(lambda: mon.state(name) == HealthState.HEALTHY, 40)
         back = time.monotonic() - t0
         new = (await prov.list())[0]
         assert new.url == url and new.pid != pid
