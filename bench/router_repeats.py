@@ -12,6 +12,7 @@ prefill rate and requests finished, to see whether learned-rate spread steers th
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 import threading
@@ -224,3 +225,53 @@ def markdown(blocks: Sequence[dict[str, Any]], summary: dict[str, Any], ours: st
             f"| {'-' if hit is None else f'{hit:.3f}'} | {b.get('run_wall_s', b.get('failed', '-'))} |"
         )
     return "\n".join(lines)
+
+
+def rate_skew(block: dict[str, Any]) -> dict[str, Any] | None:
+    """Does the learned-rate spread steer the traffic? From one block's ``gateway_watch`` samples: per
+    sampling interval the requests each replica finished and the learned rates at its start; the share of
+    requests that went to the replica with the highest learned rate (1/n for rate-blind routing), the
+    learned rates' max/min spread, the totals per replica, when each replica first had a rate and what each
+    had finished by the time all had one."""
+    samples = [s for s in block.get("gateway_watch") or [] if s["requests"]]
+    if len(samples) < 2:
+        return None
+    to_fastest = total = 0.0
+    spreads: list[float] = []
+    for a, b in itertools.pairwise(samples):
+        rates = a["prefill_tokens_per_s"]
+        done = {r: b["requests"].get(r, 0.0) - a["requests"].get(r, 0.0) for r in b["requests"]}
+        if len(rates) < len(b["requests"]) or not sum(done.values()):
+            continue  # not every replica has a learned rate yet
+        spreads.append(max(rates.values()) / min(rates.values()))
+        to_fastest += done.get(max(rates, key=lambda r: rates[r]), 0.0)
+        total += sum(done.values())
+    last = samples[-1]
+    first: dict[str, float] = {}  # when each replica first had a learned rate
+    for smp in samples:
+        for r in smp["prefill_tokens_per_s"]:
+            first.setdefault(r, smp["t_s"])
+    complete = next((s for s in samples if len(s["prefill_tokens_per_s"]) >= len(last["requests"])), last)
+    return {
+        "contender": block["contender"],
+        "repeat": block["repeat"],
+        "share_to_fastest_learned": to_fastest / total if total else None,
+        "rate_spread_median": _median(spreads),
+        "requests_per_replica": dict(sorted(last["requests"].items())),
+        "final_rates": {k: round(v) for k, v in sorted(last["prefill_tokens_per_s"].items())},
+        "first_rate_t_s": dict(sorted(first.items())),
+        "requests_before_all_rates": dict(sorted(complete["requests"].items())),
+        "p95_s": block["ttft_s"]["p95"],
+    }
+
+
+if __name__ == "__main__":  # python bench/router_repeats.py RESULT.json...: the learned-rate skew per block
+    import json
+    import sys
+
+    for path in sys.argv[1:]:
+        doc = json.loads(open(path).read())  # noqa: SIM115
+        for blk in doc.get("blocks", []):
+            row = rate_skew(blk)
+            if row:
+                print(path, json.dumps(row))

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from router_repeats import markdown, parse_gateway, schedule, summarize
+from router_repeats import markdown, parse_gateway, rate_skew, schedule, summarize
 
 NAMES = ("fleetgate:fleetgate", "fleetgate:round_robin", "sglang-router:cache_aware", "fleetgate:p2c")
 
@@ -79,3 +79,26 @@ def test_parse_gateway_reads_learned_rates_and_requests_per_replica() -> None:
     assert got["prefill_tokens_per_s"] == {"r0": 2400.0, "r1": 4100.0}
     assert got["requests"] == {"r0": 6.0, "r1": 9.0}
     assert got["inflight"] == {"r1": 2.0}
+
+
+def test_rate_skew_counts_the_requests_that_went_to_the_fastest_learned_replica() -> None:
+    def smp(t: float, rates: dict[str, float], done: dict[str, float]) -> dict[str, Any]:
+        return {"t_s": t, "prefill_tokens_per_s": rates, "requests": done, "inflight": {}}
+
+    # each interval is judged by the rates at its start: 2-4 not counted (r1 has no rate at 2), 4-6 r0
+    # fastest (spread 2) and took 4 of 5, 6-8 r0 (1.5) 1 of 2, 8-10 r1 (2) 3 of 3
+    watch = [
+        smp(2, {"r0": 4000.0}, {"r0": 2.0, "r1": 1.0}),
+        smp(4, {"r0": 4000.0, "r1": 2000.0}, {"r0": 6.0, "r1": 1.0}),
+        smp(6, {"r0": 3000.0, "r1": 2000.0}, {"r0": 10.0, "r1": 2.0}),
+        smp(8, {"r0": 3000.0, "r1": 6000.0}, {"r0": 11.0, "r1": 3.0}),
+        smp(10, {"r0": 3000.0, "r1": 6000.0}, {"r0": 11.0, "r1": 6.0}),
+    ]
+    row = rate_skew({**_block(0, "fleetgate:fleetgate", 1.0, 0.1), "gateway_watch": watch})
+    assert row is not None
+    assert row["share_to_fastest_learned"] == pytest.approx(8 / 10)
+    assert row["rate_spread_median"] == 2.0
+    assert row["requests_per_replica"] == {"r0": 11.0, "r1": 6.0}
+    assert row["first_rate_t_s"] == {"r0": 2, "r1": 4}
+    assert row["requests_before_all_rates"] == {"r0": 6.0, "r1": 1.0}
+    assert rate_skew(_block(0, "fleetgate:fleetgate", 1.0, 0.1)) is None  # not watched
