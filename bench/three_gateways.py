@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import random
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -28,14 +27,10 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from fleetgate.providers.local import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 READY = re.compile(r"ready on (http://\S+)")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
@@ -138,7 +133,7 @@ def main() -> None:
                 cfg = ROOT / f".three_gateways_{i}.yaml"
                 replicas = [{"name": f"e{k}", "url": u} for k, u in enumerate(engines)]
                 cfg.write_text(yaml.safe_dump({
-                    "gateway": {"port": _free_port()}, "ops": {"access_log": False},
+                    "gateway": {"port": free_port()}, "ops": {"access_log": False},
                     "deployments": [{"model": "m", "engine": "sim", "replicas": replicas}],
                 }))  # fmt: skip
                 proc, url = _start([py, "-m", "fleetgate.cli", "serve", "--config", str(cfg)])

@@ -48,6 +48,7 @@ import yaml
 from failover_text import splice
 from fleetgate.core.tokenize import count_tokens, render_chat_prompt
 from fleetgate.engines.llama import EngineProcess, LlamaServerConfig, llama_server, missing_llama_parts
+from fleetgate.providers.local import free_port
 from fleetgate.simengine.textgen import start_index, tokens_text
 from integration_tools import integration_tools
 
@@ -61,13 +62,6 @@ STAMP_BIAS = 100.0
 
 
 ServerProcess = integration_tools().ServerProcess
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wait_port(port: int, timeout: float = 10.0) -> bool:

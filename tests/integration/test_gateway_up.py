@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -13,15 +12,11 @@ import httpx
 import openai
 import yaml
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from fleetgate.providers.local import free_port
 
 
 def test_up_serves_and_stops_without_orphans(tools: Any, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "up.yaml"
     config.write_text(yaml.safe_dump({"local": {"engine_args": ["--time-scale", "0.1"]}}))
     up = tools.ServerProcess(
@@ -67,7 +62,7 @@ def test_up_serves_and_stops_without_orphans(tools: Any, tmp_path: Path) -> None
 
 def test_up_restarts_a_crashed_replica_on_the_same_address(tools: Any, tmp_path: Path) -> None:
     """The prober notices a dead replica and the local provider restarts it where it was; traffic goes on."""
-    port = _free_port()
+    port = free_port()
     up = tools.ServerProcess(
         [tools.PY, "-m", "fleetgate.cli", "up", "--replicas", "2", "--port", str(port)], name="fleetgate-up"
     )

@@ -17,7 +17,6 @@ import asyncio
 import json
 import math
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import pytest
 import yaml
 
 from fleetgate.profiles import load_profile
+from fleetgate.providers.local import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -40,12 +40,6 @@ ADMIN = "key-admin"
 RB_BODY = {"model": B, "prompt": "word " * 400, "max_tokens": 2, "stream": True}
 BE_BODY = {"model": B, "prompt": "hello", "max_tokens": 16}
 RA_BODY = {"model": A, "prompt": "word " * 640, "max_tokens": 64}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _sample(text: str, name: str, **labels: str) -> float | None:
@@ -70,7 +64,7 @@ def _config(tmp_path: Path, b_autoscaler: dict[str, Any] | None = None, b_replic
     engine = {"kind": "local", "engine_args": ["--time-scale", str(TIME_SCALE)]}
     one_replica = 0.7 * capacity  # a reservation one replica backs at the target utilisation
     doc = {
-        "gateway": {"port": _free_port()},
+        "gateway": {"port": free_port()},
         "pools": [{"name": "gpus", "gpus": 4, "reclaim_after_s": 2.0}],
         "deployments": [
             {

@@ -25,18 +25,13 @@ from fleetgate.config import parse_config
 from fleetgate.core.admission import BucketParams, Charge, ChargeKind, MemoryBuckets
 from fleetgate.core.errors import RateLimitError, ServiceUnavailableError
 from fleetgate.core.types import RequestInfo
+from fleetgate.providers.local import free_port
 from fleetgate.stores.redis import RedisStore
 
 REDIS_URL = os.environ.get("FLEETGATE_TEST_REDIS_URL")
 needs_redis = pytest.mark.skipif(
     not REDIS_URL, reason="FLEETGATE_TEST_REDIS_URL not set (scripts/test.sh starts a redis-server)"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RedisProcess:

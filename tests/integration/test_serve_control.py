@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 import yaml
 
 from fleetgate.profiles import load_profile
+from fleetgate.providers.local import free_port
 from step_load import Load
 
 pytestmark = pytest.mark.timeout(300)
@@ -30,17 +30,11 @@ MAX_REPLICAS = 4
 BODY = {"model": MODEL, "prompt": "hello there", "max_tokens": 64}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _serve(tools: Any, tmp_path: Path, deployment: dict[str, Any]) -> Any:
     config = tmp_path / "serve.yaml"
     config.write_text(
         yaml.safe_dump(
-            {"gateway": {"port": _free_port()}, "deployments": [deployment], "ops": {"access_log": False}}
+            {"gateway": {"port": free_port()}, "deployments": [deployment], "ops": {"access_log": False}}
         )
     )
     return tools.ServerProcess(

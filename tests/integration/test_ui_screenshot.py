@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -21,6 +20,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+
+from fleetgate.providers.local import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "sk-admin-demo"
@@ -32,12 +33,6 @@ def _chromium() -> str | None:
         if path:
             return path
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _load(url: str, stop: threading.Event, counts: dict[str, int]) -> None:
@@ -127,7 +122,7 @@ def test_ui_renders_live_fleet(tools: Any, tmp_path: Path) -> None:
     config["pools"] = [{"name": "gpus", "gpus": 3}]
     path = tmp_path / "tenants.yaml"
     path.write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     up = tools.ServerProcess(
         [tools.PY, "-m", "fleetgate.cli", "up", "--port", str(port), "--config", str(path)],
         name="fleetgate-up",

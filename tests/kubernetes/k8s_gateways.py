@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,13 +16,8 @@ import aiohttp
 import yaml
 from k8s_apiserver import FakeCluster
 
+from fleetgate.providers.local import free_port
 from integration_tools import integration_tools
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def serve_files(

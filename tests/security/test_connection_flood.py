@@ -24,11 +24,7 @@ import httpx
 import yaml
 from sec_env import KEYS, MODEL, PY, ServerProcess, tenants_config
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from fleetgate.providers.local import free_port
 
 
 def _engine(port: int) -> Any:
@@ -64,7 +60,7 @@ def _health_states(conn: http.client.HTTPConnection) -> dict[str, str]:
 
 
 def test_connection_flood_does_not_fail_the_replicas(engine: Any, tmp_path: Path) -> None:
-    port2 = _free_port()
+    port2 = free_port()
     second = _engine(port2)
     cfg = tenants_config(engine.url)
     cfg["deployments"][0]["replicas"].append({"name": "r1", "url": f"http://127.0.0.1:{port2}"})
