@@ -161,15 +161,7 @@ def plan_charges(
             )
         )
         if fleet_rate > 0:
-            out.append(
-                Charge(
-                    _k(settings, "fleet", model),
-                    BucketParams.per_minute(fleet_rate, settings.fleet_burst_s),
-                    cost,
-                    ChargeKind.FLEET,
-                    enforce=False,
-                )
-            )
+            out.append(_fleet_charge(settings, model, fleet_rate, cost, enforce=False))
     elif tier == Tier.BEST_EFFORT:
         if math.isfinite(tenant.best_effort_mu_per_min):
             out.append(
@@ -184,15 +176,22 @@ def plan_charges(
             return tuple(out)  # capacity unknown: only the tenant's own allowance limits it
         if fleet_rate <= 0:
             fleet_rate = 1e-6  # no healthy capacity at all: best-effort is shed
-        out.append(
-            Charge(
-                _k(settings, "fleet", model),
-                BucketParams.per_minute(fleet_rate, settings.fleet_burst_s),
-                cost,
-                ChargeKind.FLEET,
-            )
-        )
+        out.append(_fleet_charge(settings, model, fleet_rate, cost, enforce=True))
     return tuple(out)
+
+
+def _fleet_charge(
+    settings: AdmissionSettings, model: str, rate: float, cost: float, *, enforce: bool
+) -> Charge:
+    """The deployment's fleet meter: best-effort is refused by it; reserved requests only charge it
+    (``enforce=False``), so best-effort gets what reserved traffic leaves."""
+    return Charge(
+        _k(settings, "fleet", model),
+        BucketParams.per_minute(rate, settings.fleet_burst_s),
+        cost,
+        ChargeKind.FLEET,
+        enforce=enforce,
+    )
 
 
 def request_priority(tenant: TenantLimits, request: RequestInfo) -> Priority:
