@@ -6,7 +6,8 @@
 # Usage: PYTHONPATH=SRC bash bench/gateway_callgrind.sh [WARM_S] [MEASURE_S]   (needs valgrind, wrk, nginx)
 # Prints: requests, instructions, instructions per request, load. A stretch holds a few hundred requests
 # (callgrind runs ~50x slower); runs of one tree differ by ~1-2% (timers, collections, the headroom
-# controller's decisions fall differently), so compare trees by several runs.
+# controller's decisions fall differently), so compare trees by several runs. CG_KEEP=DIR keeps the
+# callgrind files there (for callgrind_annotate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WARM=${1:-5}; MEAS=${2:-20}
@@ -38,4 +39,5 @@ sleep 1
 n=$(echo "$out" | grep -oE "^ +[0-9]+ requests in" | grep -oE "[0-9]+")
 tot=0
 for f in "$W"/cg.out.*; do t=$(grep -E "^(summary|totals):" "$f" | head -1 | awk '{print $2}'); tot=$((tot + ${t:-0})); done
+if [ -n "${CG_KEEP:-}" ]; then mkdir -p "$CG_KEEP" && cp "$W"/cg.out.* "$CG_KEEP"/; fi
 echo "requests=$n instructions=$tot per_request=$((tot / n)) load=$(cut -d' ' -f1 /proc/loadavg)"

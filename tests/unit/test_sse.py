@@ -72,3 +72,54 @@ def test_encoder_round_trip() -> None:
     assert encode_event(b"x") == b"data: x\n\n"
     with pytest.raises(ValueError):
         encode_event("x", event="bad\nname")
+
+
+def test_whole_event_chunks_parse_as_line_by_line() -> None:
+    """Chunks of whole one-line ``data: `` events take a split-at-blank-lines way; every other shape the
+    line-by-line one. Random streams cut at random places (and at event ends) give the same events, ends,
+    ids, retries and pending state as the same chunks fed with their final newlines one byte at a time
+    (a chunk that does not end in a blank line never takes the fast way; one holding ``\\r`` is fed as is,
+    it never takes it either)."""
+    import random
+
+    pieces = [
+        b'data: {"a":1}\n\n',
+        b"data: [DONE]\n\n",
+        b"data:\n\n",
+        b"data: \n\n",
+        b"data:x\n\n",
+        b"data: a\ndata: b\n\n",
+        b"event: e\ndata: x\n\n",
+        b"id: 7\n",
+        b"retry: 30\n",
+        b": ping\n\n",
+        b"\n",
+        b"\n\n",
+        b"data: caf\xc3\xa9\n\n",
+        b"data: \xff\n\n",
+        b"data: x\r\n\r\n",
+        b"\xef\xbb\xbfdata: bom\n\n",
+    ]
+    rng = random.Random(16)
+    fast_chunks = 0
+    for _ in range(600):
+        stream = b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 8)))
+        cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randint(0, 4))))
+        if rng.random() < 0.5:  # cut at event ends, as engines write
+            cuts = [i + 2 for i in range(len(stream) - 1) if stream[i : i + 2] == b"\n\n"]
+        fast, slow = SSEParser(), SSEParser()
+        got: list[object] = []
+        want: list[object] = []
+        prev = 0
+        for cut in [*cuts, len(stream)]:
+            chunk = stream[prev:cut]
+            prev = cut
+            got += fast.feed_fields(chunk)
+            head = chunk if b"\r" in chunk else chunk.rstrip(b"\n")
+            want += slow.feed_fields(head)
+            for i in range(len(head), len(chunk)):
+                want += slow.feed_fields(chunk[i : i + 1])
+            fast_chunks += head != chunk and chunk.startswith(b"data: ")
+        assert got == want, stream
+        assert (fast.pending, fast.offset) == (slow.pending, slow.offset)
+    assert fast_chunks > 100  # the fast way was taken

@@ -12,7 +12,11 @@ logprobs, echo).
 whole events only (a continuation must never follow half an event), records the text, the number of content
 events (one per generated token, as engines stream) and the stream's ``id``/``created``/``model``; in
 continuation mode it rewrites those fields into the continuation's events, drops its second ``role`` chunk
-and reports usage as the client sees it: the client's prompt once and every generated token once.
+and reports usage as the client sees it: the client's prompt once and every generated token once. On the
+first stream (most streams never break) it looks at each event only for what every stream needs (the end,
+an error, usage, the event count) and keeps the rest, the transcript, as a log of the events' parts; the log
+is read into the transcript when something asks for it (a continuation, the non-streamed answer, the
+finish reason), with the same result as reading each event as it came.
 """
 
 from __future__ import annotations
@@ -99,34 +103,36 @@ class FailoverTracker:
     interface), forwarding whole events and recording what a continuation needs."""
 
     __slots__ = (
+        "_attempt_events",
         "_base",
         "_client_prompt",
         "_codec",
+        "_created",
+        "_fingerprint",
+        "_finish_reason",
+        "_id",
+        "_id_known",
+        "_log",
+        "_model",
         "_parser",
         "_parts",
         "_pending",
+        "_produced",
         "_produced_before",
+        "_reasoning",
+        "_role_sent",
         "_text_key",
-        "attempt_events",
+        "_tool_calls",
         "attempt_usage",
         "attempts",
         "client_usage",
         "continuing",
-        "created",
         "data_events",
         "done",
         "endpoint",
         "error",
         "error_raw",
-        "fingerprint",
-        "finish_reason",
-        "id",
-        "model",
-        "produced",
-        "reasoning",
-        "role_sent",
         "strip_usage",
-        "tool_calls",
         "usage",
     )
 
@@ -151,23 +157,58 @@ class FailoverTracker:
         self.error: dict[str, Any] | None = None
         self.error_raw = b""
         self.data_events = 0
-        self._parts: list[str] = []  # the text sent to the client, in order, as JSON string literals
-        self._text_key = '"content":"' if endpoint == "chat" else '"text":"'
-        self.produced = 0  # content events sent to the client: one per generated token
-        self.attempt_events = 0  # content events of the current upstream stream
         self.attempt_usage: Usage | None = None  # usage the current upstream stream reported
         self.attempts: list[Attempt] = []  # finished (broken) upstream streams, for the ledger
-        self.finish_reason: str | None = None
-        self.tool_calls = False
-        self.reasoning = False
-        self.role_sent = False
-        self.id: Any = None
-        self.created: Any = None
-        self.model: Any = None
-        self.fingerprint: Any = None
         self.continuing = False  # the current upstream is a continuation: rewrite its events
         self._produced_before = 0  # content events before the current continuation
         self._client_prompt = prompt_tokens  # the gateway's count; replaced by the engine's when known
+        self._text_key = '"content":"' if endpoint == "chat" else '"text":"'
+        # The transcript (``_replay`` brings it up to date with ``_log`` before anything reads it):
+        self._log: list[str | dict[str, Any]] = []  # first stream: content literals and decoded events
+        self._id_known = False  # a decoded event gave the stream's id (``_id`` once the log is read)
+        self._parts: list[str] = []  # the text sent to the client, in order, as JSON string literals
+        self._produced = 0  # content events sent to the client: one per generated token
+        self._attempt_events = 0  # content events of the current upstream stream
+        self._finish_reason: str | None = None
+        self._tool_calls = False
+        self._reasoning = False
+        self._role_sent = False
+        self._id: Any = None
+        self._created: Any = None
+        self._model: Any = None
+        self._fingerprint: Any = None
+
+    def _replay(self) -> None:
+        """Read the first stream's logged events into the transcript, as ``_event`` would have as they came:
+        a content literal of ``_fast``, or a decoded event (its id if none yet, its choices)."""
+        log = self._log
+        if not log:
+            return
+        self._log = []
+        for item in log:
+            if type(item) is str:
+                self._parts.append(item)
+                self._produced += 1
+                self._attempt_events += 1
+                continue
+            assert isinstance(item, dict)
+            if self._id is None:
+                self._id, self._created, self._model = item.get("id"), item.get("created"), item.get("model")
+                self._fingerprint = item.get("system_fingerprint")
+            choices = item.get("choices")
+            if choices:
+                self._choices(choices)
+
+    @property
+    def produced(self) -> int:
+        """Content events sent to the client: one per generated token."""
+        self._replay()
+        return self._produced
+
+    @property
+    def finish_reason(self) -> str | None:
+        self._replay()
+        return self._finish_reason
 
     # -- the stream ---------------------------------------------------------------------------------------
 
@@ -178,6 +219,7 @@ class FailoverTracker:
     @property
     def text(self) -> str:
         """The text sent to the client so far."""
+        self._replay()
         if not self._parts:
             return ""
         return "".join(self._codec.loads("[" + ",".join(self._parts) + "]"))
@@ -233,73 +275,83 @@ class FailoverTracker:
             self.data_events += 1
             return None
         err = obj.get("error")
-        if isinstance(err, Mapping):  # held back: the stream is treated as broken (and maybe continued)
+        if err is not None and isinstance(err, Mapping):  # held back: the stream is treated as broken
             self.error = dict(err)
             self.error_raw = raw[start:stop]
             return b""
-        if self.id is None:
-            self.id, self.created, self.model = obj.get("id"), obj.get("created"), obj.get("model")
-            self.fingerprint = obj.get("system_fingerprint")
-        usage = usage_from_mapping(obj.get("usage"))
-        if usage is not None:
-            self.attempt_usage = usage
-            self.usage = self._client_usage(usage)
-        choices = obj.get("choices")
         continuing = self.continuing  # (``_out`` rewrites only a continuation's events: not called else)
+        if not continuing:  # the transcript's part waits in the log
+            log = self._log
+            log.append(obj)
+            if not self._id_known:
+                self._id_known = obj.get("id") is not None
+            if len(log) > _MAX_LOGGED:  # (a stream of decoded events: keep the log small)
+                self._replay()
+        elif self._id is None:
+            self._id, self._created, self._model = obj.get("id"), obj.get("created"), obj.get("model")
+            self._fingerprint = obj.get("system_fingerprint")
+        usage = obj.get("usage")
+        if usage is not None:
+            usage = usage_from_mapping(usage)
+            if usage is not None:
+                self.attempt_usage = usage
+                self.usage = self._client_usage(usage)
+        choices = obj.get("choices")
         if not choices:
             if usage is not None and self.strip_usage:
                 return b""
             return self._out(obj) if continuing else None
         self.data_events += 1
-        keep = self._choices(choices)
         if not continuing:
             return None  # a first stream passes through as it is
-        return self._out(obj) if keep else b""
+        return self._out(obj) if self._choices(choices) else b""
 
     def _choices(self, choices: Any) -> bool:
         """Record the choices of one chunk; False when the chunk must not reach the client (a continuation's
         own ``role`` chunk)."""
         keep = False
+        chat = self.endpoint == "chat"
         for choice in choices if isinstance(choices, list) else ():
             if not isinstance(choice, dict):
                 keep = True
                 continue
             reason = choice.get("finish_reason")
             if reason is not None:
-                self.finish_reason = reason
+                self._finish_reason = reason
                 keep = True
             piece: Any
-            if self.endpoint == "chat":
+            if chat:
                 delta = choice.get("delta")
                 if not isinstance(delta, dict):
                     keep = True
                     continue
-                if delta.get("tool_calls"):
-                    self.tool_calls = True
-                    keep = True
-                if delta.get("reasoning_content") or delta.get("reasoning"):
-                    self.reasoning = True
-                    keep = True
+                if not delta.keys() <= _PLAIN_DELTA:  # (role and content only: nothing else to look at)
+                    if delta.get("tool_calls"):
+                        self._tool_calls = True
+                        keep = True
+                    if delta.get("reasoning_content") or delta.get("reasoning"):
+                        self._reasoning = True
+                        keep = True
                 if "role" in delta:
-                    if self.role_sent and self.continuing:
+                    if self._role_sent and self.continuing:
                         del delta["role"]
                     else:
-                        self.role_sent = True
+                        self._role_sent = True
                         keep = True
                 piece = delta.get("content")
             else:
                 piece = choice.get("text")
-            if isinstance(piece, str) and piece:
+            if piece and isinstance(piece, str):
                 self._parts.append(self._codec.dumps(piece).decode())
-                self.produced += 1
-                self.attempt_events += 1
+                self._produced += 1
+                self._attempt_events += 1
                 keep = True
         return keep
 
     def _fast(self, data: str) -> bool:
         """A first stream's plain content chunk, recorded without decoding it: its text stays the JSON
         string literal as the engine wrote it (decoded only if the stream breaks). False: decode it."""
-        if self.continuing or self.id is None or '"finish_reason":null' not in data:
+        if self.continuing or not self._id_known or '"finish_reason":null' not in data:
             return False
         for mark in _DECODE_MARKS:  # (a loop, not any(): no generator per event)
             if mark in data:
@@ -316,19 +368,17 @@ class FailoverTracker:
             return False
         self.data_events += 1
         if end > start + 1:
-            self._parts.append(data[start : end + 1])
-            self.produced += 1
-            self.attempt_events += 1
+            self._log.append(data[start : end + 1])
         return True
 
     def _out(self, obj: dict[str, Any]) -> bytes | None:
         if not self.continuing:
             return None
-        obj["id"], obj["created"], obj["model"] = self.id, self.created, self.model
-        if self.fingerprint is None:
+        obj["id"], obj["created"], obj["model"] = self._id, self._created, self._model
+        if self._fingerprint is None:
             obj.pop("system_fingerprint", None)
         else:
-            obj["system_fingerprint"] = self.fingerprint
+            obj["system_fingerprint"] = self._fingerprint
         if obj.get("usage") is not None and self.usage is not None:
             obj["usage"] = usage_dict(self.usage)
         return b"data: " + self._codec.dumps(obj) + b"\n\n"
@@ -337,27 +387,29 @@ class FailoverTracker:
 
     def refusal(self) -> str | None:
         """Why what was streamed so far cannot be continued exactly (``None``: it can)."""
-        if self.tool_calls:
+        self._replay()
+        if self._tool_calls:
             return "tool_calls"
-        if self.reasoning:
+        if self._reasoning:
             return "reasoning"
         return None
 
     def end_attempt(self, replica: str) -> None:
         """The current upstream stream broke: keep what it cost and get ready for a continuation's stream."""
+        self._replay()
         prompt = self._client_prompt + self._produced_before
         usage = self.attempt_usage
         cached = usage.cached_tokens if usage is not None else 0
-        self.attempts.append(Attempt(replica, prompt, self.attempt_events, cached))
+        self.attempts.append(Attempt(replica, prompt, self._attempt_events, cached))
         self._parser = SSEParser()
         self._pending.clear()
         self._base = 0
         self.done = False
         self.error = None
         self.error_raw = b""
-        self.attempt_events = 0
+        self._attempt_events = 0
         self.attempt_usage = None
-        self._produced_before = self.produced
+        self._produced_before = self._produced
         self.continuing = True
 
     def _client_usage(self, usage: Usage) -> Usage:
@@ -385,45 +437,53 @@ class FailoverTracker:
 
     def real_work(self, replica: str) -> list[Attempt]:
         """Every upstream stream of this request as the fleet ran it (the last one included)."""
+        self._replay()
         usage = self.attempt_usage
         prompt = self._client_prompt + self._produced_before
         last = (
             Attempt(replica, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
             if usage is not None
-            else Attempt(replica, prompt, self.attempt_events)
+            else Attempt(replica, prompt, self._attempt_events)
         )
         return [*self.attempts, last]
 
     def response_body(self) -> dict[str, Any]:
         """The non-streamed answer this stream amounts to (``failover.non_stream``: the gateway streamed a
         non-streamed request from the engine): OpenAI's ``chat.completion`` or ``text_completion``."""
+        self._replay()
         choice: dict[str, Any] = {"index": 0}
         if self.endpoint == "chat":
             choice["message"] = {"role": "assistant", "content": self.text}
         else:
             choice["text"] = self.text
         choice["logprobs"] = None
-        choice["finish_reason"] = self.finish_reason
+        choice["finish_reason"] = self._finish_reason
         body: dict[str, Any] = {
-            "id": self.id,
+            "id": self._id,
             "object": "chat.completion" if self.endpoint == "chat" else "text_completion",
-            "created": self.created,
-            "model": self.model,
+            "created": self._created,
+            "model": self._model,
             "choices": [choice],
             "usage": usage_dict(self.final_usage()),
         }
-        if self.fingerprint is not None:
-            body["system_fingerprint"] = self.fingerprint
+        if self._fingerprint is not None:
+            body["system_fingerprint"] = self._fingerprint
         return body
 
     def closing_events(self, include_usage: bool) -> bytes:
         """What ends a stream whose answer was already complete (finish seen, or no tokens left) although
         its upstream broke before ``[DONE]``: a finish chunk when none was sent, usage if asked, and
         ``[DONE]``."""
+        self._replay()
         out = bytearray()
-        base = {"id": self.id, "object": _object(self.endpoint), "created": self.created, "model": self.model}
-        if self.finish_reason is None:
-            self.finish_reason = "length"
+        base = {
+            "id": self._id,
+            "object": _object(self.endpoint),
+            "created": self._created,
+            "model": self._model,
+        }
+        if self._finish_reason is None:
+            self._finish_reason = "length"
             choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
             choice["delta" if self.endpoint == "chat" else "text"] = {} if self.endpoint == "chat" else ""
             out += b"data: " + self._codec.dumps({**base, "choices": [choice]}) + b"\n\n"
@@ -434,6 +494,12 @@ class FailoverTracker:
         self.done = True
         return bytes(out)
 
+
+#: Decoded events the first stream's log holds before it is read into the transcript (memory stays small).
+_MAX_LOGGED = 32
+
+#: The delta keys of a plain content chunk (a delta with others is looked at for tool calls and reasoning).
+_PLAIN_DELTA = frozenset(("role", "content"))
 
 #: Chunks holding one of these are decoded (usage, errors, tool calls, reasoning, the role chunk, logprobs).
 _DECODE_MARKS = ('"usage"', '"error"', '"tool_calls"', '"reasoning', '"role"', '"logprobs":{')

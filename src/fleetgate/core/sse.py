@@ -80,6 +80,33 @@ class SSEParser:
                 self._buf_start += 1
                 if not chunk:
                     return []
+        if (
+            chunk[-2:] == b"\n\n"
+            and not self._buf
+            and not self._data
+            and not self._event
+            and self._retry is None
+            and 0x0D not in chunk
+        ):
+            # The common case of a relay (engines write whole events of one ``data: `` line each): split
+            # at the blank lines; anything else in the chunk takes the line-by-line way below.
+            blocks = chunk.split(b"\n\n")
+            n = len(blocks) - 1
+            if (
+                not blocks.pop()
+                and chunk.startswith(b"data: ")  # (so the stream has no BOM)
+                and chunk.count(b"\n") == 2 * n  # no line breaks inside the events
+                and chunk.count(b"\n\ndata: ") == n - 1  # every event a data line
+            ):
+                off = self._buf_start
+                last_id = self._last_id
+                events: list[EventFields] = []
+                for block in blocks:
+                    off += len(block) + 2
+                    events.append((block[6:].decode("utf-8", "replace"), off, "message", last_id, None))
+                self._buf_start = off
+                self._bom_checked = True
+                return events
         buf = self._buf + chunk if self._buf else chunk
         base = self._buf_start
         if not self._bom_checked:
@@ -90,7 +117,7 @@ class SSEParser:
             if buf.startswith(_BOM):
                 buf = buf[len(_BOM) :]
                 base += len(_BOM)
-        events: list[EventFields] = []
+        events = []
         if 0x0D not in buf:  # the common case: "\n" line ends only, split at C speed
             lines = buf.split(b"\n")
             rest = lines.pop()

@@ -276,7 +276,10 @@ class Proxy:
         )
         # what it may cost at most (admission budgets it while the tenant has another on an estimate)
         most = output_limit(parsed.max_output_tokens, deployment.config.context_tokens) or 0
-        bound = deployment.lifecycle.profile.cost(parsed.input_tokens, most, image_tokens=image_tokens)
+        if most == expected:  # the same shape as the estimate (max_tokens within the p90): the same cost
+            bound = cost
+        else:
+            bound = deployment.lifecycle.profile.cost(parsed.input_tokens, most, image_tokens=image_tokens)
         return parsed.request_info(
             request_id,
             tenant=name,

@@ -1,9 +1,9 @@
 """``SortedOutputHistory``: ``core.units.OutputHistory`` with an O(1) p90, the estimate's input.
 
 Both drivers of the lifecycle ask for a tenant's p90 once per request; keeping each tenant's window sorted
-as it changes (``bisect``) and memoising the p90 until the tenant's next observation makes that a dict
-lookup, and the answer is always current (``tests/sim/test_fast_paths.py`` checks it against
-``OutputHistory`` value by value).
+as it changes (``bisect``) and its p90 with it (an index into the sorted window, set at each observation)
+makes that a dict lookup, and the answer is always current (``tests/sim/test_fast_paths.py`` checks it
+against ``OutputHistory`` value by value).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ class SortedOutputHistory(OutputHistory):
         buf.append(v)
         insort(values, v)
         self._data[tenant] = buf
-        self._p90.pop(tenant, None)
+        n = len(values)  # the p90 as ``quantile(tenant, 0.9)`` gives it, kept for ``p90``
+        self._p90[tenant] = float(values[max(math.ceil(0.9 * n), 1) - 1]) if n >= self.min_samples else None
 
     def quantile(self, tenant: str, q: float) -> float | None:
         """Nearest-rank quantile of the tenant's recent output lengths (``None`` when too few)."""
@@ -55,8 +56,4 @@ class SortedOutputHistory(OutputHistory):
 
     def p90(self, tenant: str) -> float | None:
         """The tenant's 90th-percentile output length, or ``None`` until ``min_samples`` were seen."""
-        try:
-            return self._p90[tenant]
-        except KeyError:
-            value = self._p90[tenant] = self.quantile(tenant, 0.9)
-            return value
+        return self._p90.get(tenant)
