@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from live_procs import Proc, free_port, spawn, stop_all, wait_http, wait_ready_line
 from llama_fleet import LLAMA_MODEL, LlamaFleet, llama_cache_counters, probe_llama_prefill, start_llama
-from router_repeats import GatewayWatch, block_record, schedule, summarize
+from router_repeats import GatewayWatch, block_record, cpu_shares, cpu_times, schedule, summarize
 from router_repeats import markdown as repeats_markdown
 
 from fleetgate.bench.prompts import PromptSynth
@@ -619,7 +619,7 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}  # one repeat: each contender's full report
     blocks: list[dict[str, Any]] = []
     for i, (repeat, name) in enumerate(schedule(contenders, args.repeats, args.seed)):
-        load_before = os.getloadavg()[0]
+        load_before, cpu_before = os.getloadavg()[0], cpu_times()
         info = {"repeat": repeat, "position": i, "contender": name,
                 "start_utc": dt.datetime.now(dt.UTC).strftime("%H:%M:%S")}  # fmt: skip
         try:
@@ -632,7 +632,8 @@ def main() -> None:
             blocks.append({**info, "failed": str(exc)[:2000], "load_avg_1min": [load_before, None]})
             continue
         results[name] = rep
-        blocks.append(block_record(rep, **info, load_avg_1min=rep["load_avg_1min"]))
+        cpu = cpu_shares(cpu_before, cpu_times())
+        blocks.append(block_record(rep, **info, load_avg_1min=rep["load_avg_1min"], cpu_shares=cpu))
         t = rep["ttft_s"]
         log(
             f"[{repeat}] {name}: TTFT p50/p95/p99 {t['p50']:.3f}/{t['p95']:.3f}/{t['p99']:.3f}s "

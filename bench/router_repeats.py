@@ -88,6 +88,27 @@ def parse_gateway(text: str) -> dict[str, dict[str, float]]:
     return {"prefill_tokens_per_s": rates, "requests": done, "inflight": inflight}
 
 
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times() -> list[float]:
+    """The machine's CPU time so far by kind (``/proc/stat``'s ``cpu`` line; empty where there is none)."""
+    try:
+        with open("/proc/stat") as fh:
+            return [float(x) for x in fh.readline().split()[1 : 1 + len(CPU_FIELDS)]]
+    except (OSError, ValueError):
+        return []
+
+
+def cpu_shares(before: Sequence[float], after: Sequence[float]) -> dict[str, float] | None:
+    """Shares of the machine's CPU time between two ``cpu_times`` readings. Other sessions run their heavy
+    work under ``nice``, so ``nice`` is about what they took from a block (the load average counts this
+    run's own replicas and router too)."""
+    d = [b - a for a, b in zip(before, after, strict=False)]
+    total = sum(d)
+    return {k: round(v / total, 3) for k, v in zip(CPU_FIELDS, d, strict=False)} if total > 0 else None
+
+
 def block_record(rep: dict[str, Any], **info: Any) -> dict[str, Any]:
     """What one block keeps (the full replay report is too big to keep 80 of)."""
     llama = rep.get("llama_cache") or {}
@@ -212,16 +233,19 @@ def markdown(blocks: Sequence[dict[str, Any]], summary: dict[str, Any], ours: st
         )
     lines += [
         "",
-        "| repeat | # | router | start UTC | load avg before->after | p50 / p95 / p99 ms | hit | wall s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| repeat | # | router | start UTC | load avg before->after | CPU user / nice / idle | "
+        "p50 / p95 / p99 ms | hit | wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for b in blocks:
         la = b.get("load_avg_1min") or [None, None]
         t = b.get("ttft_s") or {"p50": None, "p95": None, "p99": None}
         hit = b.get("prefix_cache_hit_rate")
+        cpu = b.get("cpu_shares") or {}
+        shares = " / ".join(r2(cpu.get(k)) for k in ("user", "nice", "idle"))
         lines.append(
             f"| {b['repeat']} | {b['position']} | {b['contender']} | {b.get('start_utc', '-')} "
-            f"| {r2(la[0])}->{r2(la[1])} | {ms(t['p50'])} / {ms(t['p95'])} / {ms(t['p99'])} "
+            f"| {r2(la[0])}->{r2(la[1])} | {shares} | {ms(t['p50'])} / {ms(t['p95'])} / {ms(t['p99'])} "
             f"| {'-' if hit is None else f'{hit:.3f}'} | {b.get('run_wall_s', b.get('failed', '-'))} |"
         )
     return "\n".join(lines)

@@ -12,7 +12,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from router_repeats import markdown, parse_gateway, rate_skew, schedule, summarize
+from router_repeats import (
+    cpu_shares,
+    cpu_times,
+    markdown,
+    parse_gateway,
+    rate_skew,
+    schedule,
+    summarize,
+)
 
 NAMES = ("fleetgate:fleetgate", "fleetgate:round_robin", "sglang-router:cache_aware", "fleetgate:p2c")
 
@@ -102,3 +110,13 @@ def test_rate_skew_counts_the_requests_that_went_to_the_fastest_learned_replica(
     assert row["first_rate_t_s"] == {"r0": 2, "r1": 4}
     assert row["requests_before_all_rates"] == {"r0": 6.0, "r1": 1.0}
     assert rate_skew(_block(0, "fleetgate:fleetgate", 1.0, 0.1)) is None  # not watched
+
+
+def test_cpu_shares_split_the_machines_cpu_time_between_two_readings() -> None:
+    before = [100.0, 50.0, 10.0, 840.0, 0.0, 0.0, 0.0, 0.0]
+    after = [160.0, 80.0, 20.0, 940.0, 0.0, 0.0, 0.0, 0.0]  # 200 ticks: 60 user, 30 nice, 10 sys, 100 idle
+    got = cpu_shares(before, after)
+    assert got is not None
+    assert (got["user"], got["nice"], got["system"], got["idle"]) == (0.3, 0.15, 0.05, 0.5)
+    assert cpu_shares(before, before) is None
+    assert len(cpu_times()) in (0, 8)
