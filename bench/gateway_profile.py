@@ -4,7 +4,8 @@ Same setup as ``gateway_callgrind.sh`` (nginx with the canned SSE body, round_ro
 checks off), but the load is a fixed number of sequential keep-alive requests from a client process, and
 ``fleetgate serve`` runs under a switch: SIGUSR1 starts counting after the warm-up, SIGUSR2 stops and writes
 the counts. ``opcodes`` counts executed Python opcodes per function (``sys.settrace`` with
-``f_trace_opcodes``: the same requests give the same count, whatever the machine's load); ``calls`` counts
+``f_trace_opcodes``: the same requests give the same count, whatever the machine's load; ``lines``: per
+source line); ``calls`` counts
 calls per function (cProfile). Several trees are run one after the other (``PYTHONPATH`` per tree) and the
 per-request figures are printed side by side, per package and per function, the largest differences first.
 
@@ -107,10 +108,13 @@ def serve_traced(mode: str, out: str, argv: list[str]) -> None:
     counts: collections.Counter[tuple[str, int, str]] = collections.Counter()
     profile = cProfile.Profile()
 
+    by_line = mode == "lines"
+
     def local(frame, event, arg):  # type: ignore[no-untyped-def]
         if event == "opcode":
             code = frame.f_code
-            counts[(code.co_filename, code.co_firstlineno, code.co_qualname)] += 1
+            line = frame.f_lineno if by_line else code.co_firstlineno
+            counts[(code.co_filename, line, code.co_qualname)] += 1
         return local
 
     def start(frame, event, arg):  # type: ignore[no-untyped-def]
@@ -118,13 +122,13 @@ def serve_traced(mode: str, out: str, argv: list[str]) -> None:
         return local
 
     def on(*_: object) -> None:
-        if mode == "opcodes":
+        if mode != "calls":
             sys.settrace(start)
         else:
             profile.enable()
 
     def off(*_: object) -> None:
-        if mode == "opcodes":
+        if mode != "calls":
             sys.settrace(None)
             rows = [[f, line, name, n] for (f, line, name), n in counts.items()]
         else:
@@ -181,7 +185,7 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trees", nargs="+", help="source directories (PYTHONPATH per run)")
-    ap.add_argument("--mode", choices=["opcodes", "calls"], default="opcodes")
+    ap.add_argument("--mode", choices=["opcodes", "lines", "calls"], default="opcodes")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument(
@@ -202,8 +206,9 @@ def main() -> None:
             for src in args.trees:
                 rows = profile_tree(src, args.mode, args.warmup, args.requests, args.connections, work, np)
                 funcs: dict[tuple[str, str], float] = collections.defaultdict(float)
-                for f, _line, name, n in rows:
-                    funcs[(_where(f), f"{_short(f)}:{name}")] += n / args.requests
+                for f, line, name, n in rows:
+                    where = f"{_short(f)}:{line}:{name}" if args.mode == "lines" else f"{_short(f)}:{name}"
+                    funcs[(_where(f), where)] += n / args.requests
                 per.append(funcs)
         finally:
             nginx.terminate()
@@ -213,7 +218,7 @@ def main() -> None:
 
 def _report(args: argparse.Namespace, per: list[dict[tuple[str, str], float]]) -> None:
     names = [pathlib.PurePath(t).parent.name or t for t in args.trees]
-    unit = "opcodes" if args.mode == "opcodes" else "calls"
+    unit = "calls" if args.mode == "calls" else "opcodes"
     print(
         f"{unit} per streamed request ({args.requests} requests after {args.warmup} warm-up, "
         f"{args.connections} connection(s))"

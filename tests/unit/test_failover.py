@@ -204,3 +204,84 @@ def test_continuation_chunks_are_rewritten_even_when_whole_and_the_same_size() -
     out = tracker.feed(whole)
     assert {orjson.loads(e.data)["id"] for e in parse_all(out)} == {"a"}
     assert tracker.feed(_chunk("b", 2, {"content": " w"})).count(b'"id":"a"') == 1
+
+
+def _random_event(rng: random.Random, endpoint: str) -> bytes:
+    """One SSE event of the kinds a stream may carry (plain content, role, finish, usage, tool calls,
+    reasoning, logprobs, an error, odd JSON)."""
+    word = rng.choice(["hi", " there", ' "q"', " back\\\\slash", " é", ""])
+    kind = rng.random()
+    head: dict[str, object] = {"object": "chunk", "created": 7, "model": "m"}
+    if rng.random() < 0.9:
+        head["id"] = rng.choice(["c1", "c2"])
+    if kind < 0.05:
+        return b"data: [DONE]\n\n"
+    if kind < 0.08:
+        return b"data: not json\n\n"
+    if kind < 0.1:
+        return b"data: [1, 2]\n\n"
+    if kind < 0.12:
+        return b'data: {"error": {"message": "boom"}}\n\n'
+    if kind < 0.18:
+        return b"data: " + orjson.dumps({**head, "choices": [], "usage": {"prompt_tokens": 5,
+                                         "completion_tokens": 3}}) + b"\n\n"  # fmt: skip
+    if endpoint == "completions":
+        choice: dict[str, object] = {"index": 0, "text": word, "finish_reason": None}
+    else:
+        delta: dict[str, object] = {"content": word}
+        if kind < 0.3:
+            delta["role"] = "assistant"
+        elif kind < 0.34:
+            delta["tool_calls"] = [{"index": 0, "function": {"arguments": "{"}}]
+        elif kind < 0.38:
+            delta["reasoning_content"] = "hmm"
+        choice = {"index": 0, "delta": delta, "finish_reason": None}
+    if kind > 0.95:
+        choice["finish_reason"] = "stop"
+    if 0.9 < kind <= 0.92:
+        choice["logprobs"] = {"content": []}
+    return b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n"
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_transcript_read_late_equals_read_at_every_event(endpoint: str) -> None:
+    """A first stream's transcript is read only when asked for; asked at any moment (here: never until
+    the end, or after every chunk) it is the same, through breaks and continuations."""
+    rng = random.Random(20)
+    for _ in range(300):
+        events = [_random_event(rng, endpoint) for _ in range(rng.randint(1, 40))]
+        stream = b"".join(events)
+        cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randint(0, 6))))
+        late = FailoverTracker(endpoint, strip_usage=rng.random() < 0.5, codec=ORJSON)  # type: ignore[arg-type]
+        eager = FailoverTracker(endpoint, strip_usage=late.strip_usage, codec=ORJSON)  # type: ignore[arg-type]
+        break_at = rng.choice([None, len(cuts) // 2])
+        prev = 0
+        for i, cut in enumerate([*cuts, len(stream)]):
+            chunk = stream[prev:cut]
+            prev = cut
+            assert late.feed(chunk) == eager.feed(chunk)
+            _ = eager.finish_reason, eager.produced  # read after every chunk
+            assert (late.done, late.error, late.usage, late.data_events, late.truncated) == (
+                eager.done, eager.error, eager.usage, eager.data_events, eager.truncated
+            )  # fmt: skip
+            if i == break_at and eager.refusal() is None:
+                assert late.refusal() is None
+                late.end_attempt("a")
+                eager.end_attempt("a")
+        assert (late.text, late.produced, late.finish_reason, late.refusal()) == (
+            eager.text, eager.produced, eager.finish_reason, eager.refusal()
+        )  # fmt: skip
+        assert late.final_usage() == eager.final_usage() and late.real_work("b") == eager.real_work("b")
+        assert late.response_body() == eager.response_body()
+        if break_at is None:  # the stream's id: the first decoded event's that has one
+            ids = [_event_id(e) for e in events]
+            assert late.response_body()["id"] == next((i for i in ids if i is not None), None)
+        assert late.closing_events(True) == eager.closing_events(True)
+
+
+def _event_id(event: bytes) -> object:
+    try:
+        obj = orjson.loads(event[6:])
+    except orjson.JSONDecodeError:
+        return None
+    return obj.get("id") if isinstance(obj, dict) and not isinstance(obj.get("error"), dict) else None

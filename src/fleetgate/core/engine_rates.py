@@ -87,6 +87,7 @@ class DriftAlert:
 
 
 _NOTHING = LearnedRates()
+_new_rates = tuple.__new__
 
 
 class _Fit:
@@ -250,11 +251,21 @@ class EngineRateLearner:
         if prefilled < 0:
             prefilled = 0
         f = self.forget
-        if p.first_token_s is not None:
+        first = p.first_token_s
+        if first is not None:
             if p.alone_at_first_token and prefilled > 0:
-                rep.prefill_timing.add(prefilled, max(p.first_token_s - p.dispatched_s, 0.0), f)
-            if usage.completion_tokens >= 2 and now > p.first_token_s:
-                rep.decode_timing.add(usage.completion_tokens - 1, now - p.first_token_s, f)
+                rep.prefill_timing.add(prefilled, max(first - p.dispatched_s, 0.0), f)
+            tokens = usage.completion_tokens
+            if tokens >= 2 and now > first:  # (``decode_timing.add`` written out: nearly every completion)
+                x = tokens - 1
+                y = now - first
+                fit = rep.decode_timing
+                fit.n += 1
+                fit.sw = fit.sw * f + 1.0
+                fit.sx = fit.sx * f + x
+                fit.sy = fit.sy * f + y
+                fit.sxx = fit.sxx * f + x * x
+                fit.sxy = fit.sxy * f + x * y
         elif p.alone and rep.epoch == p.epoch and prefilled > 0:
             decode = self._decode_s(rep)
             if decode is not None:  # a solo non-streamed request: latency minus its decode is its prefill
@@ -311,20 +322,15 @@ class EngineRateLearner:
             prefill = self._prefill_part(timing_fit, counter_fit)
             rep.prefill_held = (timing_fit.n, counter_fit.n, self.profile, prefill)
         decode: float | None = None
-        fit = rep.decode_counters
-        if fit.n >= _MIN_COUNTER_INTERVALS or rep.decode_timing.n >= min_samples:
-            if fit.n < _MIN_COUNTER_INTERVALS:
-                fit = rep.decode_timing
+        counted = rep.decode_counters
+        timed = rep.decode_timing
+        if counted.n >= _MIN_COUNTER_INTERVALS or timed.n >= min_samples:
+            fit = counted if counted.n >= _MIN_COUNTER_INTERVALS else timed
             decode = fit.sy / fit.sx if fit.sx > 0 and fit.sy > 0 else None
-        return LearnedRates(
-            prefill[0],
-            decode,
-            prefill[1],
-            prefill[2],
-            max(rep.decode_counters.n, rep.decode_timing.n),
-            prefill[3],
-            prefill[4],
-            prefill[5],
+        # (``LearnedRates(...)`` without the named tuple's Python ``__new__``; the samples ``max(...)``)
+        p0, p1, p2, p3, p4, p5 = prefill
+        return _new_rates(
+            LearnedRates, (p0, decode, p1, p2, counted.n if counted.n >= timed.n else timed.n, p3, p4, p5)
         )
 
     def _prefill_part(self, timing_fit: _Fit, counter_fit: _Fit) -> _PrefillPart:

@@ -119,6 +119,7 @@ class FailoverTracker:
         "_pending",
         "_produced",
         "_produced_before",
+        "_read",
         "_reasoning",
         "_role_sent",
         "_text_key",
@@ -163,24 +164,28 @@ class FailoverTracker:
         self._produced_before = 0  # content events before the current continuation
         self._client_prompt = prompt_tokens  # the gateway's count; replaced by the engine's when known
         self._text_key = '"content":"' if endpoint == "chat" else '"text":"'
-        # The transcript (``_replay`` brings it up to date with ``_log`` before anything reads it):
+        # The transcript: made by the first ``_replay``, which brings it up to date with ``_log`` and runs
+        # before anything reads it (most streams never need it).
         self._log: list[str | dict[str, Any]] = []  # first stream: content literals and decoded events
         self._id_known = False  # a decoded event gave the stream's id (``_id`` once the log is read)
-        self._parts: list[str] = []  # the text sent to the client, in order, as JSON string literals
-        self._produced = 0  # content events sent to the client: one per generated token
-        self._attempt_events = 0  # content events of the current upstream stream
-        self._finish_reason: str | None = None
-        self._tool_calls = False
-        self._reasoning = False
-        self._role_sent = False
-        self._id: Any = None
-        self._created: Any = None
-        self._model: Any = None
-        self._fingerprint: Any = None
+        self._read = False  # the transcript's fields exist
 
     def _replay(self) -> None:
         """Read the first stream's logged events into the transcript, as ``_event`` would have as they came:
         a content literal of ``_fast``, or a decoded event (its id if none yet, its choices)."""
+        if not self._read:
+            self._read = True
+            self._parts: list[str] = []  # the text sent to the client, in order, as JSON string literals
+            self._produced = 0  # content events sent to the client: one per generated token
+            self._attempt_events = 0  # content events of the current upstream stream
+            self._finish_reason: str | None = None
+            self._tool_calls = False
+            self._reasoning = False
+            self._role_sent = False
+            self._id: Any = None
+            self._created: Any = None
+            self._model: Any = None
+            self._fingerprint: Any = None
         log = self._log
         if not log:
             return

@@ -338,7 +338,7 @@ def _prompt_text(prompt: Any) -> tuple[str, int | None]:
 
 def usage_from_mapping(usage: Any) -> Usage | None:
     """OpenAI ``usage`` object -> ``Usage`` (``None`` when absent or malformed)."""
-    if not isinstance(usage, Mapping):
+    if type(usage) is not dict and not isinstance(usage, Mapping):  # (a dict: no ABC check)
         return None
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")

@@ -182,10 +182,6 @@ class OpenAdmission(AdmissionHooks):
         """No ledger to tell."""
 
 
-def ticket_headers(ticket: AdmissionTicket) -> dict[str, str]:
-    return dict(ticket.headers)
-
-
 def admission_clock(admission: Admission, default: Callable[[], float]) -> Callable[[], float]:
     """The clock the admission service wants its ``now`` from (it may be wall time for shared Redis)."""
     return admission.clock if admission.clock is not None else default
@@ -196,7 +192,10 @@ def tenant_name(tenant: Caller) -> str:
 
 
 def tenant_priority(tenant: Caller) -> Priority:
+    priority = tenant.priority
+    if type(priority) is Priority:  # (what ``Priority(priority)`` would return, without the enum's call)
+        return priority
     try:
-        return Priority(tenant.priority)
+        return Priority(priority)
     except ValueError:
         return Priority.INTERACTIVE

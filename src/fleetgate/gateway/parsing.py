@@ -79,24 +79,34 @@ class RequestParser:
     async def parse(self, raw: bytes, endpoint: Endpoint, tenant: str) -> tuple[Deployment, ParsedRequest]:
         """Bounded decode, model lookup, then count and hash (in the lane for large bodies)."""
         if len(raw) <= INLINE_BYTES:
-            body = load_json_body(raw, self.limits, ORJSON)
-            deployment = self._deployment(body, endpoint)
-            # (``_parse_with`` and ``_with_salt`` written out: the common case is one tenant, no salt)
-            isolate = self.isolate_tenants
-            salt = self._salt(deployment, tenant).encode() if isolate else b""
-            parsed = parse_request(
-                body,
-                endpoint,
-                deployment.block_tokens,
-                hashes=self._hashes_for(deployment),
-                tokenizer=deployment.tokenizer,
-                prompt_tokenizer=self.tokenizer,
-                limits=self.limits,
-                salt=salt,
-            )
-            if isolate and deployment.config.cache_salt_field:
-                parsed = self._with_salt(deployment, tenant, parsed)
-            return deployment, parsed
+            return self.parse_inline(raw, endpoint, tenant)
+        return await self._parse_large(raw, endpoint, tenant)
+
+    def parse_inline(self, raw: bytes, endpoint: Endpoint, tenant: str) -> tuple[Deployment, ParsedRequest]:
+        """``parse`` of a body of at most ``INLINE_BYTES``, on the caller's thread (the proxy calls it
+        without a coroutine for the common small body)."""
+        body = load_json_body(raw, self.limits, ORJSON)
+        deployment = self._deployment(body, endpoint)
+        # (``_parse_with`` and ``_with_salt`` written out: the common case is one tenant, no salt)
+        isolate = self.isolate_tenants
+        salt = self._salt(deployment, tenant).encode() if isolate else b""
+        parsed = parse_request(
+            body,
+            endpoint,
+            deployment.block_tokens,
+            hashes=self._hashes_for(deployment),
+            tokenizer=deployment.tokenizer,
+            prompt_tokenizer=self.tokenizer,
+            limits=self.limits,
+            salt=salt,
+        )
+        if isolate and deployment.config.cache_salt_field:
+            parsed = self._with_salt(deployment, tenant, parsed)
+        return deployment, parsed
+
+    async def _parse_large(
+        self, raw: bytes, endpoint: Endpoint, tenant: str
+    ) -> tuple[Deployment, ParsedRequest]:
         routes = {model: self._route(d, tenant) for model, d in self.fleet.deployments.items()}
         try:
             parsed = await self._in_lane(raw, endpoint, routes)

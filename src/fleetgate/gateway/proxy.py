@@ -60,7 +60,6 @@ from fleetgate.gateway.admission import (
     admission_clock,
     tenant_name,
     tenant_priority,
-    ticket_headers,
 )
 from fleetgate.gateway.continuation import Continuer
 from fleetgate.gateway.errors import (
@@ -71,7 +70,7 @@ from fleetgate.gateway.errors import (
 from fleetgate.gateway.fleet import Deployment, Fleet, ReplicaState
 from fleetgate.gateway.gate import GateShell
 from fleetgate.gateway.metrics import GatewayMetrics
-from fleetgate.gateway.parsing import RequestParser
+from fleetgate.gateway.parsing import INLINE_BYTES, RequestParser
 from fleetgate.gateway.upstream import Call, UpstreamRelay, error_kind
 
 if TYPE_CHECKING:
@@ -82,6 +81,9 @@ log = logging.getLogger("fleetgate.gateway")
 #: Tenant class -> the request ``priority`` of vLLM-like engines (lower runs first); each engine's own
 #: table is its dialect's (``engines.dialects``), sent where ``fleet.sends_priority``.
 ENGINE_PRIORITY: Mapping[Priority, int] = LOW_FIRST
+
+#: The replicas a first attempt excludes.
+_NONE_TRIED: frozenset[str] = frozenset()
 
 #: Called after every attempt: (deployment, replica, ok, now). For the prober's evidence of progress.
 ResultListener = Callable[[str, str, bool, float], None]
@@ -161,11 +163,15 @@ class Proxy:
         #: ``fleetgate.ops.web.Ops`` (SLO window + access log), told about every finished request
         self.slo = slo
         self.shutting_down = False
-        self.active = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._handlers: set[asyncio.Task[Any]] = set()  # the tasks of the requests in flight
         self._aborting = False
+
+    @property
+    def active(self) -> int:
+        """Requests in flight (a handler always runs in its own task)."""
+        return len(self._handlers)
 
     # -- shutdown -----------------------------------------------------------------------------------------
 
@@ -201,22 +207,28 @@ class Proxy:
         request_id: str = request[REQUEST_ID]
         call = Call(start=start, request_id=request_id)
         deployment: Deployment | None = None
-        self.active += 1
-        self._idle.clear()
+        handlers = self._handlers
+        if not handlers:
+            self._idle.clear()
         task = asyncio.current_task()
         if task is not None:
-            self._handlers.add(task)
+            handlers.add(task)
         try:
             tenant = self.admission.authenticate(request.headers.get("Authorization"))
-            call.tenant = tenant_name(tenant)
+            call.tenant = name = tenant_name(tenant)
             # bounded shape and model lookup before any tokenizing; large bodies off the loop
             raw = await self._read_body(request)
-            deployment, parsed = await self.parser.parse(raw, endpoint, call.tenant)
+            if len(raw) <= INLINE_BYTES:  # (no coroutine for the common small body)
+                deployment, parsed = self.parser.parse_inline(raw, endpoint, name)
+            else:
+                deployment, parsed = await self.parser.parse(raw, endpoint, name)
             images = self.images if parsed.image_parts else None  # text-only requests skip images entirely
             # Limits and queue first, images after: a tenant that is refused never makes the workers fetch or
             # decode. Admission budgets the largest image the deployment can get; settlement the real one.
             image_tokens = 0 if images is None else parsed.image_parts * images.max_image_tokens(parsed.model)
-            info = self._request_info(parsed, deployment, tenant, request, request_id, start, image_tokens)
+            info = self._request_info(
+                parsed, deployment, tenant, name, request, request_id, start, image_tokens
+            )
             try:
                 ticket = await self.admission.admit(tenant, info, self.admission_clock())
             except FleetgateError as exc:
@@ -225,11 +237,11 @@ class Proxy:
                 raise
             deployment.lifecycle.start(info)
             try:  # from here on the ticket is always settled or released
-                call.headers = ticket_headers(ticket)
+                call.headers = ticket.headers  # (read only: spread into the response's headers)
                 if images is not None:
                     new_body, _ = await images.process_body(parsed.body, parsed.model, tenant=call.tenant)
                     parsed = dataclasses.replace(parsed, body=new_body)
-                response = await self._dispatch(request, deployment, parsed, info, call)
+                response = await self._dispatch(request, deployment, parsed, info, call, raw)
             finally:
                 await self._finish_admission(ticket, tenant, deployment, info, call)
             call.status = response.status
@@ -253,11 +265,10 @@ class Proxy:
             call.error_kind = call.error_kind or "client_disconnect"
             raise
         finally:
-            self.active -= 1
-            if self.active == 0:
-                self._idle.set()
             if task is not None:
-                self._handlers.discard(task)
+                handlers.discard(task)
+            if not handlers:
+                self._idle.set()
             self._record(endpoint, deployment, call, start)
 
     def _request_info(
@@ -265,12 +276,12 @@ class Proxy:
         parsed: ParsedRequest,
         deployment: Deployment,
         tenant: Any,
+        name: str,
         request: web.Request,
         request_id: str,
         now: float,
         image_tokens: int = 0,
     ) -> RequestInfo:
-        name = tenant_name(tenant)
         expected, cost = deployment.lifecycle.estimate(
             name, parsed.input_tokens, parsed.max_output_tokens, image_tokens
         )
@@ -289,7 +300,7 @@ class Proxy:
             session_key=_session_key(request, parsed),
             arrival_s=now,
             image_tokens=image_tokens,
-            bound_mu=max(bound, cost),
+            bound_mu=cost if cost > bound else bound,  # (``max(bound, cost)``)
         )
 
     async def _read_body(self, request: web.Request) -> bytes:
@@ -339,9 +350,12 @@ class Proxy:
         parsed: ParsedRequest,
         info: RequestInfo,
         call: Call,
+        raw: bytes,
     ) -> web.StreamResponse:
+        """Route and send the request (``raw``: the client's body), retrying on other replicas until one
+        answers."""
         new_body, strip = self._upstream_body(parsed, deployment, info)
-        body = new_body if new_body is not None else await request.read()  # cached by aiohttp
+        body = new_body if new_body is not None else raw
         routing_hist = self.metrics.routing_child(deployment.model)
         call.info = info
         call.body = body
@@ -355,7 +369,8 @@ class Proxy:
         for _ in range(self.config.max_attempts):
             t0 = perf_counter()
             try:
-                decision = lifecycle.route(info, self.clock(), self.rng, frozenset(exclude))
+                excluded = frozenset(exclude) if exclude else _NONE_TRIED
+                decision = lifecycle.route(info, self.clock(), self.rng, excluded)
             except ServiceUnavailableError:
                 if last is not None:
                     break
@@ -447,12 +462,13 @@ class Proxy:
     def _record(self, endpoint: str, deployment: Deployment | None, call: Call, start: float) -> None:
         dep = deployment.model if deployment is not None else "unknown"
         rep = call.replica.name if call.replica is not None else ""
+        end = self.clock()  # (one reading: the request's end for the histogram and the SLO window)
         self.metrics.count_request(dep, rep, endpoint, call.status)
         if call.error_kind is not None:
             self.metrics.errors.labels(dep, rep, call.error_kind).inc()
         if deployment is not None and call.replica is not None:
             children = self.metrics.replica(dep, rep)
-            children.e2e.observe(self.clock() - start)
+            children.e2e.observe(end - start)
             if call.usage is not None:
                 children.prompt_tokens.inc(call.usage.prompt_tokens)
                 children.generation_tokens.inc(call.usage.completion_tokens)
@@ -465,7 +481,7 @@ class Proxy:
                 endpoint=endpoint,
                 status=call.status,
                 start=start,
-                end=self.clock(),
+                end=end,
                 ttft_s=call.ttft_s,
                 output_tokens=None if call.usage is None else call.usage.completion_tokens,
                 mu=call.mu,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -33,7 +33,7 @@ from fleetgate.core.openai import Endpoint, ParsedRequest, StreamTracker, usage_
 from fleetgate.core.types import RequestInfo, Usage
 from fleetgate.engines.client import UpstreamClient
 from fleetgate.gateway.continuation import PATHS, ClientGoneError, Collector, Continuer, body_too_large, relay
-from fleetgate.gateway.errors import REQUEST_ID, REQUEST_ID_HEADER, sse_error_event, upstream_rejection
+from fleetgate.gateway.errors import REQUEST_ID_HEADER, sse_error_event, upstream_rejection
 from fleetgate.gateway.fleet import Deployment, ReplicaState
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.orjson_codec import ORJSON
@@ -57,7 +57,7 @@ class Call:
     status: int = 500
     error_kind: str | None = None
     start: float = 0.0
-    headers: dict[str, str] = field(default_factory=dict)  # from admission (x-ratelimit-*)
+    headers: Mapping[str, str] = field(default_factory=dict)  # from admission (x-ratelimit-*), read only
     attempts: list[str] = field(default_factory=list)
     request_id: str = ""  # for fleetgate.ops (SLO window, access log)
     tenant: str = ""
@@ -104,7 +104,7 @@ class UpstreamRelay:
     ) -> web.StreamResponse:
         """Send ``body`` to ``replica`` and answer the client from its reply; until the first bytes arrived
         a failure is a retryable ``UpstreamError`` (the proxy tries another replica), later it is not."""
-        request_id: str = request[REQUEST_ID]
+        request_id = call.request_id  # (``request[REQUEST_ID]``)
         url = replica.url + PATHS[parsed.endpoint]
         headers = {**deployment.upstream_headers, REQUEST_ID_HEADER: request_id}
         # failover.non_stream: a plain-text non-streamed request is streamed from the engine and answered
@@ -119,7 +119,12 @@ class UpstreamRelay:
         # answer arrives whole (vLLM sends its headers with the body), so it gets the separate total limit.
         timeout_s = self.config.first_byte_timeout_s if stream else self.config.non_stream_timeout_s
         tracker: StreamTracker | FailoverTracker
-        call.refusal = self._failover_refusal(parsed, deployment) if stream else None
+        if not stream:
+            call.refusal = None
+        elif not deployment.config.failover.enabled:  # (``_failover_refusal`` written out)
+            call.refusal = "disabled"
+        else:
+            call.refusal = static_refusal(parsed.endpoint, parsed.body)
         if stream and call.refusal is None:
             tracker = FailoverTracker(
                 parsed.endpoint,
@@ -233,10 +238,10 @@ class UpstreamRelay:
             if error is None and (tracker.truncated or tracker.error is not None):
                 error = UpstreamError(f"replica {replica.name} ended the stream early", retryable=False)
             if error is not None:
-                log.warning("request %s: %s", request[REQUEST_ID], error.message)
+                log.warning("request %s: %s", call.request_id, error.message)
                 upstream.close()
                 _, error = await self.continuer.resume(
-                    request[REQUEST_ID], sink, deployment, replica, tracker, call, error
+                    call.request_id, sink, deployment, replica, tracker, call, error
                 )
                 outcome = "error" if error is not None else "continued"
                 self.metrics.interrupted_streams.labels(deployment.model, outcome).inc()
@@ -260,7 +265,7 @@ class UpstreamRelay:
         headers = {
             **call.headers,
             "Content-Type": "application/json",
-            REQUEST_ID_HEADER: request[REQUEST_ID],
+            REQUEST_ID_HEADER: call.request_id,
         }
         return web.Response(body=orjson.dumps(tracker.response_body()), status=200, headers=headers)
 
@@ -299,7 +304,7 @@ class UpstreamRelay:
     ) -> web.StreamResponse:
         """Relay an upstream SSE stream whose first bytes arrived; from here on errors are in-band (or the
         stream is continued on another replica)."""
-        headers = {**call.headers, **SSE_HEADERS, REQUEST_ID_HEADER: request[REQUEST_ID]}
+        headers = {**call.headers, **SSE_HEADERS, REQUEST_ID_HEADER: call.request_id}
         response = RelayResponse(status=200, headers=headers)
         call.ran = True
         error: FleetgateError | None = None
@@ -312,9 +317,10 @@ class UpstreamRelay:
             if not content.at_eof():
                 await response.write(first)
                 tail = b""
-            call.ttft_s = self.clock() - call.start
+            now = self.clock()  # the first token's time, for the metric and the lifecycle
+            call.ttft_s = now - call.start
             if call.info is not None:
-                deployment.lifecycle.first_token(call.info, replica.name, self.clock())
+                deployment.lifecycle.first_token(call.info, replica.name, now)
             self.metrics.replica(deployment.model, replica.name).ttft.observe(call.ttft_s)
             try:
                 if not tail and not content.at_eof():
@@ -333,12 +339,12 @@ class UpstreamRelay:
                 if error is None and tracker.error is not None:
                     error = UpstreamError(f"replica {replica.name} sent an error event", retryable=False)
                 if error is not None:
-                    log.warning("request %s: %s", request[REQUEST_ID], error.message)
+                    log.warning("request %s: %s", call.request_id, error.message)
                     upstream.close()
                     if tail:  # whole events only: safe to send before the continuation's
                         await response.write(tail)
                     tail, error = await self.continuer.resume(
-                        request[REQUEST_ID], response, deployment, replica, tracker, call, error
+                        call.request_id, response, deployment, replica, tracker, call, error
                     )
                     outcome = "error" if error is not None else "continued"
                     self.metrics.interrupted_streams.labels(deployment.model, outcome).inc()
@@ -349,7 +355,7 @@ class UpstreamRelay:
                 self.metrics.interrupted_streams.labels(deployment.model, "error").inc()
             if error is not None:
                 call.error_kind = error_kind(error)
-                log.warning("request %s: %s", request[REQUEST_ID], error.message)
+                log.warning("request %s: %s", call.request_id, error.message)
                 tail += sse_error_event(error)
             elif call.continuations == 0:
                 call.ok = True

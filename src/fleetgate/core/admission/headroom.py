@@ -51,6 +51,7 @@ from fleetgate.core.types import Priority, RequestInfo, Usage
 
 RESERVED = "reserved"
 BEST_EFFORT = "best_effort"
+_INF = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +156,8 @@ class _Verdict:
 
     ttft: bool
     signal: _Signal
+    since: list[float]  # ``signal.since.ordered`` (the same list for the window's life)
+    baseline: list[float]  # ``signal.baseline.ordered``
     fixed: float | None
     factor: float
     since_at: tuple[int, ...]
@@ -170,6 +173,8 @@ def _verdict(kind: str, signal: _Signal, p: HeadroomParams) -> _Verdict:
     return _Verdict(
         ttft,
         signal,
+        signal.since.ordered,
+        signal.baseline.ordered,
         p.reserved.ttft_p95_s if ttft else p.reserved.otps_p10,
         (1 + p.tolerance) if ttft else (1 - p.tolerance),
         tuple(_rank(tail if n >= 20 else body, n) for n in since_n),
@@ -194,6 +199,7 @@ class LatencyHeadroom:
             (BEST_EFFORT, "otps"): _signal(True, p),
         }
         self._reserved = {kind: self._signals[(RESERVED, kind)] for kind in ("ttft", "otps")}
+        self._reserved_ttft = self._reserved["ttft"]
         self._verdicts = tuple(_verdict(kind, sig, p) for kind, sig in self._reserved.items())
         self._first: dict[str, float] = {}  # request id -> first token time (streamed, in flight)
         self.best_effort_on_engines = 0  # best-effort attempts dispatched and not complete
@@ -207,9 +213,10 @@ class LatencyHeadroom:
 
     # -- lifecycle events ---------------------------------------------------------------------------------
     def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
-        if request.priority == Priority.PROBE:
+        priority = request.priority
+        if priority == Priority.PROBE:
             return
-        if request.priority == Priority.BEST_EFFORT:
+        if priority == Priority.BEST_EFFORT:
             self.best_effort_on_engines += 1
             self._be_idle_since = math.inf
         else:
@@ -217,18 +224,34 @@ class LatencyHeadroom:
             self._reserved_seen_s = now
 
     def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
-        if request.priority == Priority.PROBE:
+        priority = request.priority
+        if priority == Priority.PROBE:
             return
         self._first[request.request_id] = now
-        self._sample(request, "ttft", now - request.arrival_s, request.arrival_s, now)
+        # (``self._sample(request, "ttft", now - started, started, now)`` written out: every stream)
+        started = request.arrival_s
+        value = now - started
+        if not 0.0 <= value < _INF:
+            return
+        if priority == Priority.BEST_EFFORT:
+            self._signals[(BEST_EFFORT, "ttft")].recent.append(value)
+            return
+        sig = self._reserved_ttft
+        sig.recent.append(value)
+        if self.best_effort_on_engines == 0 and self._be_idle_since <= started:
+            sig.baseline.append(value)  # solo: no best-effort on the engines for the whole request
+        if started >= self.changed_s:
+            sig.since.append(value)
+            self._decide(now)
 
     def on_complete(
         self, request: RequestInfo, replica: str, now: float, usage: Usage | None, cost_mu: float, ok: bool
     ) -> None:
-        if request.priority == Priority.PROBE:
+        priority = request.priority
+        if priority == Priority.PROBE:
             return
         first = self._first.pop(request.request_id, None)
-        if request.priority == Priority.BEST_EFFORT:
+        if priority == Priority.BEST_EFFORT:
             self.best_effort_on_engines = max(0, self.best_effort_on_engines - 1)
             if self.best_effort_on_engines == 0:
                 self._be_idle_since = now
@@ -259,7 +282,7 @@ class LatencyHeadroom:
 
     # -- internals ----------------------------------------------------------------------------------------
     def _sample(self, request: RequestInfo, kind: str, value: float, started: float, now: float) -> None:
-        if value < 0 or not math.isfinite(value):
+        if not 0.0 <= value < _INF:  # (``value < 0 or not math.isfinite(value)``: no sample)
             return
         if request.priority == Priority.BEST_EFFORT:
             self._signals[(BEST_EFFORT, kind)].recent.append(value)
@@ -293,18 +316,18 @@ class LatencyHeadroom:
             return math.inf
         return (target - observed) / span if kind == "ttft" else (observed - target) / span
 
-    def _control_headroom(self) -> tuple[float | None, bool]:
-        """Headroom of the samples since the last change (the worse of TTFT and OTPS; None: no verdict
-        yet), and whether a signal still waits for its ``min_samples``.
+    def _decide(self, now: float) -> None:
+        """The controller's verdict on the samples since its last change: the headroom ``h`` (the worse of
+        TTFT and OTPS; none yet: no verdict), and whether a signal still waits for its ``min_samples``.
 
         Per reserved sample, so inline: the quantile indices and ``1 +- tolerance`` come from ``_Verdict``'s
         tables (the same nearest-rank formula and arithmetic as ``_reference`` and ``_headroom_of``)."""
-        worst: float | None = None
+        h: float | None = None
         pending = False
         n = self.params.min_samples
         tol = self.params.tolerance
         for v in self._verdicts:
-            since = v.signal.since.ordered
+            since = v.since
             m = len(since)
             if m < n:
                 pending = pending or m > 0
@@ -313,7 +336,7 @@ class LatencyHeadroom:
             # 20 are in (the limit held in the dead band), one nearer the target's tail
             observed = since[v.since_at[m]]
             if v.fixed is None:  # learned: compare like with like (the baseline's same quantile)
-                base = v.signal.baseline.ordered
+                base = v.baseline
                 b = len(base)
                 if b < n:
                     continue
@@ -323,15 +346,11 @@ class LatencyHeadroom:
                 ref = target = v.fixed
             span = tol * ref
             if span <= 0:
-                h = math.inf
+                signal_h = math.inf
             else:
-                h = (target - observed) / span if v.ttft else (observed - target) / span
-            if worst is None or h < worst:
-                worst = h
-        return worst, pending
-
-    def _decide(self, now: float) -> None:
-        h, pending = self._control_headroom()
+                signal_h = (target - observed) / span if v.ttft else (observed - target) / span
+            if h is None or signal_h < h:
+                h = signal_h
         if h is None:
             return
         self.last_headroom = h
