@@ -232,11 +232,12 @@ class FailoverTracker:
     def feed(self, chunk: bytes) -> bytes:
         """Consume upstream bytes; return the whole events to forward (possibly rewritten)."""
         events = self._parser.feed_fields(chunk)  # (data, end, ...) per event
-        if not self._pending and events and events[-1][1] - self._base == len(chunk):
+        size = len(chunk)
+        if events and not self._pending and events[-1][1] - self._base == size:
             # the common case: the chunk holds whole events only (engines write one or more per chunk)
             if len(events) == 1:
-                kept = self._event(events[0][0], chunk, 0, len(chunk))
-                self._base += len(chunk)
+                kept = self._event(events[0][0], chunk, 0, size)
+                self._base += size
                 return chunk if kept is None else kept
             pending = chunk
         else:
@@ -358,16 +359,24 @@ class FailoverTracker:
         string literal as the engine wrote it (decoded only if the stream breaks). False: decode it."""
         if self.continuing or not self._id_known or '"finish_reason":null' not in data:
             return False
-        for mark in _DECODE_MARKS:  # (a loop, not any(): no generator per event)
-            if mark in data:
-                return False
+        # Chunks holding one of these are decoded (usage, errors, tool calls, reasoning, the role chunk,
+        # logprobs): one expression, no loop (this runs for every token)
+        if (
+            '"usage"' in data
+            or '"error"' in data
+            or '"tool_calls"' in data
+            or '"reasoning' in data
+            or '"role"' in data
+            or '"logprobs":{' in data
+        ):
+            return False
         key = self._text_key
         start = data.find(key)
         if start < 0:
             return False
         start += len(key) - 1  # the literal's opening quote
         end = data.find('"', start + 1)
-        while end > 0 and _escaped(data, end):
+        while end > 0 and data[end - 1] == "\\" and _escaped(data, end):  # (no backslash: not escaped)
             end = data.find('"', end + 1)
         if end < 0:
             return False
@@ -505,9 +514,6 @@ _MAX_LOGGED = 32
 
 #: The delta keys of a plain content chunk (a delta with others is looked at for tool calls and reasoning).
 _PLAIN_DELTA = frozenset(("role", "content"))
-
-#: Chunks holding one of these are decoded (usage, errors, tool calls, reasoning, the role chunk, logprobs).
-_DECODE_MARKS = ('"usage"', '"error"', '"tool_calls"', '"reasoning', '"role"', '"logprobs":{')
 
 
 def _escaped(data: str, quote: int) -> bool:

@@ -82,6 +82,7 @@ class SSEParser:
                     return []
         if (
             chunk[-2:] == b"\n\n"
+            and chunk[:6] == b"data: "  # (so the stream has no BOM)
             and not self._buf
             and not self._data
             and not self._event
@@ -90,12 +91,17 @@ class SSEParser:
         ):
             # The common case of a relay (engines write whole events of one ``data: `` line each): split
             # at the blank lines; anything else in the chunk takes the line-by-line way below.
+            breaks = chunk.count(b"\n")
+            if breaks == 2:  # one event (the most common chunk of all)
+                off = self._buf_start + len(chunk)
+                self._buf_start = off
+                self._bom_checked = True
+                return [(chunk[6:-2].decode("utf-8", "replace"), off, "message", self._last_id, None)]
             blocks = chunk.split(b"\n\n")
             n = len(blocks) - 1
             if (
                 not blocks.pop()
-                and chunk.startswith(b"data: ")  # (so the stream has no BOM)
-                and chunk.count(b"\n") == 2 * n  # no line breaks inside the events
+                and breaks == 2 * n  # no line breaks inside the events
                 and chunk.count(b"\n\ndata: ") == n - 1  # every event a data line
             ):
                 off = self._buf_start
