@@ -49,13 +49,6 @@ class LeaderSpillParams(PluginParams):
         "prefill ends within this many seconds / s (none: no bound). A spill re-prefills the cached "
         "context: free on idle capacity, paid by every later request under load.",
     )
-    spill_by_share: bool = Field(
-        default=False,
-        description="Scale a cache leader's spill margin (`spill_factor` - 1 and `spill_slack_s`) by the "
-        "share of the prompt it holds: a leader holding only a short shared template (batch jobs) keeps a "
-        "request only while it is about as fast as the fastest replica, one holding a session's whole "
-        "context keeps the full margin.",
-    )
 
 
 class LeaderSpillPicker(StageBase):
@@ -72,7 +65,6 @@ class LeaderSpillPicker(StageBase):
         self.sticky_cache = params.sticky_cache
         self.sticky_min_blocks = params.sticky_min_blocks
         self.spill_max_wait_s = math.inf if params.spill_max_wait_s is None else params.spill_max_wait_s
-        self.spill_by_share = params.spill_by_share
         self.spills = 0
 
     def choose(
@@ -94,8 +86,6 @@ class LeaderSpillPicker(StageBase):
         if deep_i >= 0 and deep_d >= self.sticky_min_blocks:
             sub_i, sub_t = deep_i, deep_t  # the replica expected to hold the most of the prompt leads
             factor, slack_s = self.spill_factor, self.spill_slack_s
-            if self.spill_by_share:
-                factor, slack_s = 1.0 + (factor - 1.0) * deep_share, slack_s * deep_share
             stay = best_wait * deep_share > self.spill_max_wait_s
         else:
             factor, slack_s = self.spill_factor_new, self.spill_slack_new_s
