@@ -51,3 +51,25 @@ def test_gate_holds_completes_everything_and_lowers_p95() -> None:
     assert off["completed"] == 1000
     assert summary["ttft_p95_s"] < 0.95 * off["ttft_p95_s"]
     assert summary["cache_hit_rate"] >= 0.97 * off["cache_hit_rate"]
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="needs ../shared/traces")
+def test_run_result_dispatch_times_show_the_time_held_at_the_gateway() -> None:
+    """``RunResult.dispatch_s`` (bench/tail_diagnosis.py splits TTFT with it): without the gate every request
+    goes to its replica on arrival; with it, the held ones leave later, and never after their first token."""
+    trace = scaled_slice(load_trace(TRACE, max_requests=1000).requests, 7.0, 1 / 32)
+    perf = live_engine(0.25)
+    for gate in ("off", "on"):
+        policy = build_policy("fleetgate", {**engine_facts(0.25), "gate": gate})
+        sim = Simulator(
+            trace, policy, DEFAULT_PROFILE, lambda _n: EngineModel(perf), SimConfig(replicas=4, seed=1)
+        )
+        res = sim.run()
+        held = res.dispatch_s - res.arrival_s
+        assert res.dispatch_s.shape == res.arrival_s.shape and not np.isnan(held).any()
+        assert (held >= 0).all() and (held <= res.ttft_s + 1e-9).all()
+        later = int((held > 0).sum())
+        if gate == "off":
+            assert later == 0
+        else:
+            assert 100 < later <= policy.gate.held_total  # type: ignore[attr-defined]

@@ -110,6 +110,8 @@ class RunResult:
     window_load: np.ndarray
     replica_names: list[str]
     replicas_over_time: list[tuple[float, int, int]]
+    #: When each request was handed to its replica (after any dispatch-gate hold); ``nan`` if never.
+    dispatch_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 class Simulator:
@@ -579,6 +581,7 @@ class Simulator:
             window_load=window_load,
             replica_names=[r.name for r in self.replicas],
             replicas_over_time=list(self._replica_series),
+            dispatch_s=self._dispatch,
         )
 
     def _window_load(self, end: float) -> np.ndarray:
