@@ -361,7 +361,9 @@ class Proxy:
         call.body = body
         call.endpoint = parsed.endpoint
         lifecycle = deployment.lifecycle
-        shell = self._gate_shell(deployment)
+        shell = deployment.gate_shell
+        if shell is None and lifecycle.gated:
+            shell = self._gate_shell(deployment)
         if shell is not None:
             await shell.wait_turn(info)  # the dispatch gate: held while every replica is busy with prefill
         exclude: set[str] = set()

@@ -49,8 +49,12 @@ class ReplicaLoad:
 
     def end(self, cost_mu: float, ok: bool, now: float) -> None:
         self.inflight_requests -= 1
-        # at zero in flight the sum is reset, so float drift never accumulates
-        self.inflight_mu = max(self.inflight_mu - cost_mu, 0.0) if self.inflight_requests else 0.0
+        # at zero in flight the sum is reset, so float drift never accumulates (``max(left, 0.0)``)
+        if self.inflight_requests:
+            left = self.inflight_mu - cost_mu
+            self.inflight_mu = 0.0 if left < 0.0 else left
+        else:
+            self.inflight_mu = 0.0
         if ok:
             self.completed += 1
             self.consecutive_failures = 0

@@ -22,6 +22,8 @@ class SortedOutputHistory(OutputHistory):
         super().__init__(window, min_samples, max_tenants)
         self._sorted: dict[str, list[int]] = {}
         self._p90: dict[str, float | None] = {}
+        #: window length -> index of the p90 in the sorted window (``quantile``'s nearest rank, precomputed)
+        self._p90_at = [max(math.ceil(0.9 * n), 1) - 1 for n in range(self.window + 1)]
 
     def observe(self, tenant: str, output_tokens: int) -> None:
         """Record one completed request's output length."""
@@ -37,14 +39,16 @@ class SortedOutputHistory(OutputHistory):
             self._sorted[tenant] = values
         else:
             values = self._sorted[tenant]
-        v = max(int(output_tokens), 0)
+        v = int(output_tokens)
+        if v < 0:  # (``max(int(output_tokens), 0)``)
+            v = 0
         if len(buf) == self.window:
             del values[bisect_left(values, buf[0])]  # the deque drops its oldest value on append
         buf.append(v)
         insort(values, v)
         self._data[tenant] = buf
         n = len(values)  # the p90 as ``quantile(tenant, 0.9)`` gives it, kept for ``p90``
-        self._p90[tenant] = float(values[max(math.ceil(0.9 * n), 1) - 1]) if n >= self.min_samples else None
+        self._p90[tenant] = float(values[self._p90_at[n]]) if n >= self.min_samples else None
 
     def quantile(self, tenant: str, q: float) -> float | None:
         """Nearest-rank quantile of the tenant's recent output lengths (``None`` when too few)."""
