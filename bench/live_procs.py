@@ -8,7 +8,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -16,6 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from fleetgate.providers.local import free_port
+
+__all__ = ["Proc", "free_port", "spawn", "stop_all", "wait_http", "wait_ready_line"]
 
 READY = re.compile(r"ready on (http://127\.0\.0\.1:\d+)")
 
@@ -121,12 +124,6 @@ def wait_http(url: str, proc: Proc, timeout: float = 60.0) -> None:
             pass
         time.sleep(0.1)
     raise RuntimeError(f"{proc.name}: {url} not ready:\n{proc.output()[-2000:]}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def stop_all(procs: Sequence[Proc]) -> None:
