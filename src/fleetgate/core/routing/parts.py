@@ -27,6 +27,7 @@ from fleetgate.core.routing.pickers.round_robin import RoundRobinParams, RoundRo
 from fleetgate.core.routing.pipeline import Filter, Picker, Scorer
 from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads
 from fleetgate.core.routing.scorers.inflight import InflightRequestsParams, InflightRequestsScorer
+from fleetgate.core.routing.scorers.kv_pressure import KvPressureParams, KvPressureScorer
 from fleetgate.core.routing.scorers.kv_usage import KvUsageParams, KvUsageScorer
 from fleetgate.core.routing.scorers.queue import QueueLengthParams, QueueLengthScorer
 from fleetgate.core.routing.scorers.ttft import TtftEstimate, TtftEstimateParams
@@ -79,6 +80,7 @@ FILTERS.add("load_guard", LoadGuardParams, lambda p, ctx: LoadGuard(p, ctx.loads
 SCORERS.add("inflight_requests", InflightRequestsParams, lambda p, ctx: InflightRequestsScorer())
 SCORERS.add("queue_length", QueueLengthParams, lambda p, ctx: QueueLengthScorer())
 SCORERS.add("kv_usage", KvUsageParams, lambda p, ctx: KvUsageScorer())
+SCORERS.add("kv_pressure", KvPressureParams, lambda p, ctx: KvPressureScorer(p))
 SCORERS.add("ttft_estimate", TtftEstimateParams, lambda p, ctx: ctx.estimate(p))
 
 PICKERS.add("max_score", MaxScoreParams, lambda p, ctx: MaxScorePicker(p.tie_break))
