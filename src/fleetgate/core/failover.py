@@ -436,18 +436,18 @@ class FailoverTracker:
         if prompt < 1:  # an engine that counts differently: keep the gateway's own count
             prompt = self._client_prompt
         self._client_prompt = prompt
-        return Usage(
-            prompt_tokens=prompt,
-            completion_tokens=self._produced_before + usage.completion_tokens,
-            cached_tokens=min(usage.cached_tokens, prompt),
-            image_tokens=usage.image_tokens,
+        return Usage.of(
+            prompt,
+            self._produced_before + usage.completion_tokens,
+            min(usage.cached_tokens, prompt),
+            usage.image_tokens,
         )
 
     def final_usage(self) -> Usage:
         """The client-visible usage, also when no engine reported one (counted from the events)."""
         if self.usage is not None:
             return self.usage
-        return Usage(prompt_tokens=self._client_prompt, completion_tokens=self.produced)
+        return Usage.of(self._client_prompt, self.produced, 0, 0)
 
     def real_work(self, replica: str) -> list[Attempt]:
         """Every upstream stream of this request as the fleet ran it (the last one included)."""

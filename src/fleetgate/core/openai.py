@@ -65,22 +65,22 @@ class ParsedRequest:
         bound_mu: float | None = None,
     ) -> RequestInfo:
         """The core's view of this request."""
-        return RequestInfo(
-            request_id=request_id,
-            model=self.model,
-            tenant=tenant,
-            input_tokens=self.input_tokens,
-            max_output_tokens=self.max_output_tokens,
-            estimated_output_tokens=estimated_output_tokens,
-            cost_mu=cost_mu,
-            stream=self.stream,
-            priority=priority,
-            session_key=session_key,
-            prefix_hashes=self.prefix_hashes,
-            prefix_block_tokens=self.block_tokens,
-            image_tokens=image_tokens,
-            arrival_s=arrival_s,
-            bound_mu=bound_mu,
+        return RequestInfo.of(
+            request_id,
+            self.model,
+            tenant,
+            self.input_tokens,
+            self.max_output_tokens,
+            estimated_output_tokens,
+            cost_mu,
+            self.stream,
+            priority,
+            session_key,
+            self.prefix_hashes,
+            self.block_tokens,
+            image_tokens,
+            arrival_s,
+            bound_mu,
         )
 
 
@@ -352,7 +352,7 @@ def usage_from_mapping(usage: Any) -> Usage | None:
         cached = value if isinstance(value, int) else 0
         value = details.get("image_tokens")
         image = value if isinstance(value, int) else 0
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, image_tokens=image)
+    return Usage.of(prompt, completion, cached, image)
 
 
 def usage_from_body(raw: bytes, codec: JsonCodec = STDLIB_JSON) -> Usage | None:

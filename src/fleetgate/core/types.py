@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class RandomSource(Protocol):
@@ -72,6 +72,46 @@ class RequestInfo:
     #: request in flight on an optimistic estimate (``core.admission.machine``).
     bound_mu: float | None = None
 
+    @classmethod
+    def of(
+        cls,
+        request_id: str,
+        model: str,
+        tenant: str,
+        input_tokens: int,
+        max_output_tokens: int | None,
+        estimated_output_tokens: int,
+        cost_mu: float,
+        stream: bool,
+        priority: Priority,
+        session_key: str | None,
+        prefix_hashes: tuple[int, ...],
+        prefix_block_tokens: int,
+        image_tokens: int,
+        arrival_s: float,
+        bound_mu: float | None,
+    ) -> RequestInfo:
+        """``RequestInfo(...)`` with every field given, built the cheap way (see ``_filler``): the gateway
+        makes one per request."""
+        o = _REQUEST_INFO_FILL()
+        o.request_id = request_id
+        o.model = model
+        o.tenant = tenant
+        o.input_tokens = input_tokens
+        o.max_output_tokens = max_output_tokens
+        o.estimated_output_tokens = estimated_output_tokens
+        o.cost_mu = cost_mu
+        o.stream = stream
+        o.priority = priority
+        o.session_key = session_key
+        o.prefix_hashes = prefix_hashes
+        o.prefix_block_tokens = prefix_block_tokens
+        o.image_tokens = image_tokens
+        o.arrival_s = arrival_s
+        o.bound_mu = bound_mu
+        o.__class__ = cls
+        return o
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaSnapshot:
@@ -99,6 +139,46 @@ class ReplicaSnapshot:
     learned_prefill_tokens_per_s: float | None = None
     learned_decode_s_per_token: float | None = None
 
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        url: str,
+        health: HealthState,
+        draining: bool,
+        inflight_requests: int,
+        inflight_mu: float,
+        capacity_mu_per_min: float,
+        engine_waiting: int | None,
+        engine_running: int | None,
+        engine_kv_usage: float | None,
+        engine_prefix_hit_rate: float | None,
+        consecutive_failures: int,
+        ejected_until_s: float,
+        learned_prefill_tokens_per_s: float | None,
+        learned_decode_s_per_token: float | None,
+    ) -> ReplicaSnapshot:
+        """``ReplicaSnapshot(...)`` with every field given, built the cheap way (see ``_filler``): the gateway
+        makes one per replica per pick."""
+        o = _REPLICA_SNAPSHOT_FILL()
+        o.name = name
+        o.url = url
+        o.health = health
+        o.draining = draining
+        o.inflight_requests = inflight_requests
+        o.inflight_mu = inflight_mu
+        o.capacity_mu_per_min = capacity_mu_per_min
+        o.engine_waiting = engine_waiting
+        o.engine_running = engine_running
+        o.engine_kv_usage = engine_kv_usage
+        o.engine_prefix_hit_rate = engine_prefix_hit_rate
+        o.consecutive_failures = consecutive_failures
+        o.ejected_until_s = ejected_until_s
+        o.learned_prefill_tokens_per_s = learned_prefill_tokens_per_s
+        o.learned_decode_s_per_token = learned_decode_s_per_token
+        o.__class__ = cls
+        return o
+
     @property
     def routable(self) -> bool:
         """Whether new requests may be sent here at all."""
@@ -123,6 +203,34 @@ class Usage:
     cached_tokens: int = 0
     image_tokens: int = 0
 
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int, image_tokens: int) -> Usage:
+        """``Usage(...)`` with every field given, built the cheap way (see ``_filler``)."""
+        o = _USAGE_FILL()
+        o.prompt_tokens = prompt_tokens
+        o.completion_tokens = completion_tokens
+        o.cached_tokens = cached_tokens
+        o.image_tokens = image_tokens
+        o.__class__ = cls
+        return o
+
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+def _filler(cls: type) -> Any:
+    """A plain class with the slots of the frozen, slotted dataclass ``cls``, for its ``of`` constructor.
+
+    A frozen dataclass's ``__init__`` writes each field through an ``object.__setattr__`` call; an instance of
+    this class takes plain attribute stores (a tenth of the cost) and is then given ``cls`` as its class (the
+    same slot layout, so Python allows it). The result is the object ``cls(...)`` builds from the same values:
+    same type, fields, equality, hash and repr, and frozen from then on. ``of`` sets every field, so no slot
+    is left empty (``tests/unit/test_types_of.py`` checks its parameters against the fields).
+    """
+    return type(f"_{cls.__name__}Fill", (), {"__slots__": vars(cls)["__slots__"]})
+
+
+_REQUEST_INFO_FILL = _filler(RequestInfo)
+_REPLICA_SNAPSHOT_FILL = _filler(ReplicaSnapshot)
+_USAGE_FILL = _filler(Usage)

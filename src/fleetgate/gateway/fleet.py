@@ -56,22 +56,22 @@ class ReplicaState(ReplicaLoad):
     def snapshot(self, learned: LearnedRates | None = None) -> ReplicaSnapshot:
         """The router's view; ``learned``: the deployment's online estimate of this replica's rates."""
         engine = self.engine
-        return ReplicaSnapshot(
-            name=self.name,
-            url=self.url,
-            health=self.health,
-            draining=self.draining,
-            inflight_requests=self.inflight_requests,
-            inflight_mu=self.inflight_mu,
-            capacity_mu_per_min=self.capacity_mu_per_min,
-            engine_waiting=None if engine is None or engine.waiting is None else int(engine.waiting),
-            engine_running=None if engine is None or engine.running is None else int(engine.running),
-            engine_kv_usage=None if engine is None else engine.kv_usage,
-            engine_prefix_hit_rate=self.engine_prefix_hit_rate,
-            consecutive_failures=self.consecutive_failures,
-            ejected_until_s=self.ejected_until_s,
-            learned_prefill_tokens_per_s=None if learned is None else learned.prefill_tokens_per_s,
-            learned_decode_s_per_token=None if learned is None else learned.decode_s_per_token,
+        return ReplicaSnapshot.of(
+            self.name,
+            self.url,
+            self.health,
+            self.draining,
+            self.inflight_requests,
+            self.inflight_mu,
+            self.capacity_mu_per_min,
+            None if engine is None or engine.waiting is None else int(engine.waiting),
+            None if engine is None or engine.running is None else int(engine.running),
+            None if engine is None else engine.kv_usage,
+            self.engine_prefix_hit_rate,
+            self.consecutive_failures,
+            self.ejected_until_s,
+            None if learned is None else learned.prefill_tokens_per_s,
+            None if learned is None else learned.decode_s_per_token,
         )
 
     def end(self, cost_mu: float, ok: bool, now: float) -> None:
