@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 
 class RandomSource(Protocol):
@@ -72,45 +72,9 @@ class RequestInfo:
     #: request in flight on an optimistic estimate (``core.admission.machine``).
     bound_mu: float | None = None
 
-    @classmethod
-    def of(
-        cls,
-        request_id: str,
-        model: str,
-        tenant: str,
-        input_tokens: int,
-        max_output_tokens: int | None,
-        estimated_output_tokens: int,
-        cost_mu: float,
-        stream: bool,
-        priority: Priority,
-        session_key: str | None,
-        prefix_hashes: tuple[int, ...],
-        prefix_block_tokens: int,
-        image_tokens: int,
-        arrival_s: float,
-        bound_mu: float | None,
-    ) -> RequestInfo:
-        """``RequestInfo(...)`` with every field given, built the cheap way (see ``_filler``): the gateway
-        makes one per request."""
-        o = _REQUEST_INFO_FILL()
-        o.request_id = request_id
-        o.model = model
-        o.tenant = tenant
-        o.input_tokens = input_tokens
-        o.max_output_tokens = max_output_tokens
-        o.estimated_output_tokens = estimated_output_tokens
-        o.cost_mu = cost_mu
-        o.stream = stream
-        o.priority = priority
-        o.session_key = session_key
-        o.prefix_hashes = prefix_hashes
-        o.prefix_block_tokens = prefix_block_tokens
-        o.image_tokens = image_tokens
-        o.arrival_s = arrival_s
-        o.bound_mu = bound_mu
-        o.__class__ = cls
-        return o
+    #: ``RequestInfo(...)`` with every field given, positional or by name, built the cheap way
+    #: (``frozen_builder``): the gateway makes one per request.
+    of: ClassVar[Callable[..., RequestInfo]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,45 +103,9 @@ class ReplicaSnapshot:
     learned_prefill_tokens_per_s: float | None = None
     learned_decode_s_per_token: float | None = None
 
-    @classmethod
-    def of(
-        cls,
-        name: str,
-        url: str,
-        health: HealthState,
-        draining: bool,
-        inflight_requests: int,
-        inflight_mu: float,
-        capacity_mu_per_min: float,
-        engine_waiting: int | None,
-        engine_running: int | None,
-        engine_kv_usage: float | None,
-        engine_prefix_hit_rate: float | None,
-        consecutive_failures: int,
-        ejected_until_s: float,
-        learned_prefill_tokens_per_s: float | None,
-        learned_decode_s_per_token: float | None,
-    ) -> ReplicaSnapshot:
-        """``ReplicaSnapshot(...)`` with every field given, built the cheap way (see ``_filler``): the gateway
-        makes one per replica per pick."""
-        o = _REPLICA_SNAPSHOT_FILL()
-        o.name = name
-        o.url = url
-        o.health = health
-        o.draining = draining
-        o.inflight_requests = inflight_requests
-        o.inflight_mu = inflight_mu
-        o.capacity_mu_per_min = capacity_mu_per_min
-        o.engine_waiting = engine_waiting
-        o.engine_running = engine_running
-        o.engine_kv_usage = engine_kv_usage
-        o.engine_prefix_hit_rate = engine_prefix_hit_rate
-        o.consecutive_failures = consecutive_failures
-        o.ejected_until_s = ejected_until_s
-        o.learned_prefill_tokens_per_s = learned_prefill_tokens_per_s
-        o.learned_decode_s_per_token = learned_decode_s_per_token
-        o.__class__ = cls
-        return o
+    #: ``ReplicaSnapshot(...)`` with every field given, built the cheap way (``frozen_builder``): the gateway
+    #: makes one per replica per pick.
+    of: ClassVar[Callable[..., ReplicaSnapshot]]
 
     @property
     def routable(self) -> bool:
@@ -203,34 +131,55 @@ class Usage:
     cached_tokens: int = 0
     image_tokens: int = 0
 
-    @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int, image_tokens: int) -> Usage:
-        """``Usage(...)`` with every field given, built the cheap way (see ``_filler``)."""
-        o = _USAGE_FILL()
-        o.prompt_tokens = prompt_tokens
-        o.completion_tokens = completion_tokens
-        o.cached_tokens = cached_tokens
-        o.image_tokens = image_tokens
-        o.__class__ = cls
-        return o
+    #: ``Usage(...)`` with every field given, built the cheap way (``frozen_builder``).
+    of: ClassVar[Callable[..., Usage]]
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
 
-def _filler(cls: type) -> Any:
-    """A plain class with the slots of the frozen, slotted dataclass ``cls``, for its ``of`` constructor.
+_T = TypeVar("_T")
 
-    A frozen dataclass's ``__init__`` writes each field through an ``object.__setattr__`` call; an instance of
-    this class takes plain attribute stores (a tenth of the cost) and is then given ``cls`` as its class (the
-    same slot layout, so Python allows it). The result is the object ``cls(...)`` builds from the same values:
-    same type, fields, equality, hash and repr, and frozen from then on. ``of`` sets every field, so no slot
-    is left empty (``tests/unit/test_types_of.py`` checks its parameters against the fields).
+
+def frozen_builder(cls: type[_T], names: tuple[str, ...] | None = None) -> Callable[..., _T]:
+    """Cheap constructor of a frozen, slotted dataclass: ``names`` (default: every field, in order) as its
+    parameters, the other fields' defaults for the rest.
+
+    A frozen dataclass's ``__init__`` writes each field through an ``object.__setattr__`` call; the gateway
+    builds a ``RequestInfo`` per request and a ``ReplicaSnapshot`` per replica per pick, the simulator one
+    per counter change. The built function fills an instance of a plain class with the same slots (plain
+    attribute stores, a tenth of the cost) and then gives it ``cls`` as its class (same slot layout, so
+    Python allows it): the object ``cls(...)`` builds from the same values (same type, fields, equality,
+    hash, repr), frozen from then on. Classes with a ``__post_init__``, a base class, an unknown name or a
+    default factory get their own ``__init__`` instead, so a change here costs speed, never correctness.
     """
-    return type(f"_{cls.__name__}Fill", (), {"__slots__": vars(cls)["__slots__"]})
+    flds = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+    names = tuple(flds) if names is None else names
+    rest = [f for name, f in flds.items() if name not in names]
+    slots = vars(cls).get("__slots__")
+    usable = (
+        slots is not None
+        and cls.__bases__ == (object,)
+        and not hasattr(cls, "__post_init__")  # introspection: no hook to skip
+        and all(n in flds for n in names)
+        and all(f.default is not MISSING for f in rest)
+    )
+    params = ", ".join(names)
+    env: dict[str, Any] = {"_cls": cls}
+    if not usable:
+        exec(f"def build({params}):\n    return _cls({', '.join(f'{n}={n}' for n in names)})", env)
+    else:  # unrolled, like the ``__init__`` that ``dataclasses`` generates: one slot store per line
+        env["_fill"] = type(f"_{cls.__name__}Fill", (), {"__slots__": slots})
+        lines = [f"def build({params}):", "    o = _fill()", *(f"    o.{n} = {n}" for n in names)]
+        for j, f in enumerate(rest):
+            env[f"_v{j}"] = f.default
+            lines.append(f"    o.{f.name} = _v{j}")
+        exec("\n".join([*lines, "    o.__class__ = _cls", "    return o"]), env)  # from the field names only
+    build: Callable[..., _T] = env["build"]
+    return build
 
 
-_REQUEST_INFO_FILL = _filler(RequestInfo)
-_REPLICA_SNAPSHOT_FILL = _filler(ReplicaSnapshot)
-_USAGE_FILL = _filler(Usage)
+RequestInfo.of = staticmethod(frozen_builder(RequestInfo))
+ReplicaSnapshot.of = staticmethod(frozen_builder(ReplicaSnapshot))
+Usage.of = staticmethod(frozen_builder(Usage))

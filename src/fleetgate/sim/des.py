@@ -35,7 +35,7 @@ from fleetgate.core.engine_rates import EngineRateLearner
 from fleetgate.core.errors import ServiceUnavailableError
 from fleetgate.core.lifecycle import Lifecycle, LifecycleObserver, SortedOutputHistory
 from fleetgate.core.routing.base import RoutingPolicy
-from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage
+from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage, frozen_builder
 from fleetgate.core.units import CostProfile
 from fleetgate.sim import metrics as M
 from fleetgate.sim.entities import (
@@ -45,7 +45,6 @@ from fleetgate.sim.entities import (
     SimReplica,
     SimRequest,
     engine_request,
-    frozen_builder,
     request_info,
 )
 from fleetgate.sim.traces import Trace

@@ -6,58 +6,15 @@ simulator's id factory, never drawn from globals.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Protocol, TypeVar
+from typing import Protocol
 
 from fleetgate.core.engine_rates import LearnedRates
 from fleetgate.core.lifecycle import ReplicaLoad
-from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
+from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo, frozen_builder
 from fleetgate.simengine.perfmodel import EngineRequest, StepResult
-
-_T = TypeVar("_T")
-
-
-def frozen_builder(cls: type[_T], names: tuple[str, ...]) -> Callable[..., _T]:
-    """Positional constructor of a frozen, slotted dataclass: ``names`` in order, defaults for the rest.
-
-    A frozen dataclass's ``__init__`` goes through ``object.__setattr__`` once per field; the simulator builds
-    a ``RequestInfo`` per request and a ``ReplicaSnapshot`` per counter change, which made that a noticeable
-    share of a fleet run. This writes the slots directly: the object is the same (equal, same hash and
-    repr). Classes with a ``__post_init__``, an unknown field or a default factory get their own ``__init__``
-    instead, so a change in ``core.types`` can cost speed, never correctness.
-    """
-    # Class introspection (slots, descriptors) is what this builder is: the four attribute look-ups below
-    # read the dataclass machinery itself, not an optional interface.
-    flds = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
-    rest = [f for name, f in flds.items() if name not in names]
-    usable = (
-        hasattr(cls, "__slots__")  # introspection: slot descriptors to write
-        and not hasattr(cls, "__post_init__")  # introspection: no hook to skip
-        and all(n in flds for n in names)
-        and all(f.default is not MISSING for f in rest)
-    )
-    if not usable:
-
-        def slow(*args: Any) -> _T:
-            return cls(**dict(zip(names, args, strict=True)))
-
-        return slow
-    # Unrolled, like the ``__init__`` that ``dataclasses`` generates: one slot write per line.
-    env: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    lines = [f"def build({', '.join(f'a{i}' for i in range(len(names)))}):", "    o = _new(_cls)"]
-    for i, name in enumerate(names):
-        env[f"_s{i}"] = getattr(cls, name).__set__  # introspection: the field's slot descriptor
-        lines.append(f"    _s{i}(o, a{i})")
-    for j, f in enumerate(rest):
-        env[f"_d{j}"] = getattr(cls, f.name).__set__  # introspection: the field's slot descriptor
-        env[f"_v{j}"] = f.default
-        lines.append(f"    _d{j}(o, _v{j})")
-    lines.append("    return o")
-    exec("\n".join(lines), env)  # generated from the field names only
-    build: Callable[..., _T] = env["build"]
-    return build
 
 
 class EventKind(IntEnum):
