@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import noisy_neighbour as nn  # bench/ is the script's directory, so on sys.path
 import yaml
 
 from fleetgate.engines.llama import (
@@ -30,17 +29,6 @@ from fleetgate.engines.llama import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "noisy_neighbour_bench", ROOT / "bench" / "noisy_neighbour.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _config(urls: list[str], model: str, workdir: Path) -> Path:
@@ -60,7 +48,6 @@ def _config(urls: list[str], model: str, workdir: Path) -> Path:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    nn = _bench()
     procs: list[EngineProcess] = []
     with tempfile.TemporaryDirectory(prefix="fleetgate-headroom-llama-") as tmp:
         workdir = Path(tmp)
