@@ -11,28 +11,16 @@ flooding the engines makes gold's TTFT grow by multiples), not a few percent. Th
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "noisy_neighbour.py"
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("noisy_neighbour_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
+from bench_module import load_bench
 
 
 @pytest.mark.timeout(150)
 async def test_reserved_tenant_unaffected_by_best_effort_flood(tmp_path: Path) -> None:
-    nn = _bench()
+    nn = load_bench("noisy_neighbour.py", "noisy_neighbour_bench")
     params = nn.BenchParams(
         phase_s=8.0,
         warmup_s=2.0,

@@ -16,26 +16,15 @@ free is held (served less) next to gold, and with gold idle it is served as well
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from bench_module import load_bench
+
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench" / "noisy_neighbour.py"
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("noisy_neighbour_bench_headroom", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
 
 
 def _headline(report: str) -> str:
@@ -44,7 +33,7 @@ def _headline(report: str) -> str:
 
 @pytest.mark.timeout(300)
 async def test_reserved_tenant_keeps_ttft_under_a_concurrent_stream_flood(tmp_path: Path) -> None:
-    nn = _bench()
+    nn = load_bench("noisy_neighbour.py", "noisy_neighbour_bench_headroom")
     params = nn.BenchParams(
         config=str(ROOT / "examples" / "tenants.yaml"),
         gold_key="sk-gold-demo",

@@ -16,17 +16,16 @@ unchecked. Figures in docs/benchmarks.md.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import httpx
 import pytest
 import yaml
 
+from bench_module import load_bench
 from fleetgate.core.tokenize import render_chat_prompt
 from fleetgate.engines.llama import (
     EngineProcess,
@@ -36,17 +35,7 @@ from fleetgate.engines.llama import (
 from fleetgate.hf_tokenizer import load_tokenizer
 from real_engines import need_llama
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "noisy_neighbour.py"
 SLOTS = 4
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("noisy_neighbour_bench_llama", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _measure(url: str, model: str) -> tuple[float, float]:
@@ -80,7 +69,7 @@ def _measure(url: str, model: str) -> tuple[float, float]:
 @pytest.mark.timeout(360)
 def test_reserved_tenant_next_to_a_flood_on_llama_replicas(tmp_path: Path) -> None:
     need_llama()
-    nn = _bench()
+    nn = load_bench("noisy_neighbour.py", "noisy_neighbour_bench_llama")
     procs: list[EngineProcess] = []
     try:
         procs = start_llama_replicas(
