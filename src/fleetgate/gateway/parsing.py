@@ -87,19 +87,9 @@ class RequestParser:
         without a coroutine for the common small body)."""
         body = load_json_body(raw, self.limits, ORJSON)
         deployment = self._deployment(body, endpoint)
-        # (``_parse_with`` and ``_with_salt`` written out: the common case is one tenant, no salt)
-        isolate = self.isolate_tenants
+        isolate = self.isolate_tenants  # (the common case: one tenant, no salt, no salt field to rewrite)
         salt = self._salt(deployment, tenant).encode() if isolate else b""
-        parsed = parse_request(
-            body,
-            endpoint,
-            deployment.block_tokens,
-            hashes=self._hashes_for(deployment),
-            tokenizer=deployment.tokenizer,
-            prompt_tokenizer=self.tokenizer,
-            limits=self.limits,
-            salt=salt,
-        )
+        parsed = self._parse_with(body, endpoint, deployment, self._hashes_for(deployment), salt)
         if isolate and deployment.config.cache_salt_field:
             parsed = self._with_salt(deployment, tenant, parsed)
         return deployment, parsed
