@@ -22,6 +22,7 @@ per replica, and first-token feedback. As a plain pipeline scorer (``least_reque
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Literal
@@ -133,9 +134,8 @@ class PooledRates:
         if rates == self._rates:
             return
         self._rates = rates
-        known = sorted(x for x in rates if x)
-        n = len(known)
-        med = None if n == 0 else (known[n // 2] if n % 2 else 0.5 * (known[n // 2 - 1] + known[n // 2]))
+        known = [x for x in rates if x]
+        med = statistics.median(known) if known else None
         if med != self.median:
             self.median = med
             self._memo = {}
