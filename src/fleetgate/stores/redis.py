@@ -307,9 +307,16 @@ class RedisStore:
     def _now_arg(self, now: float) -> str:
         return "-1" if self.server_time else repr(float(now))
 
-    async def _call(self, script: Any, keys: list[str], args: list[str]) -> Any:
+    def _refuse_while_down(self) -> None:
+        """Fail fast while the store is marked down and its retry interval has not passed."""
         if not self.available and time.monotonic() < self._down_until:
             raise StoreUnavailableError(f"redis at {self.url} unreachable (retrying shortly)")
+
+    def _unreachable(self, exc: BaseException) -> StoreUnavailableError:
+        return StoreUnavailableError(f"redis at {self.url} unreachable: {exc}")
+
+    async def _call(self, script: Any, keys: list[str], args: list[str]) -> Any:
+        self._refuse_while_down()
         try:
             result = await script(keys=keys, args=args)
         except _UNAVAILABLE as exc:
@@ -319,7 +326,7 @@ class RedisStore:
                 self.available = False
                 self.outages_total += 1
                 log.warning("admission store unreachable: redis %s: %s", self.url, exc)
-            raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+            raise self._unreachable(exc) from exc
         if not self.available:
             self.available = True
             log.warning("admission store reachable again: redis %s", self.url)
@@ -394,21 +401,19 @@ class RedisStore:
         return {c.key: BucketState(float(r[1 + 2 * i]), at) for i, c in enumerate(charges)}
 
     async def usage(self, usage_key: str) -> dict[str, float]:
-        if not self.available and time.monotonic() < self._down_until:
-            raise StoreUnavailableError(f"redis at {self.url} unreachable (retrying shortly)")
+        self._refuse_while_down()
         try:
             raw = await self._redis.hgetall(usage_key)
         except _UNAVAILABLE as exc:
-            raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+            raise self._unreachable(exc) from exc
         return {str(k): float(v) for k, v in raw.items()}
 
     async def reservations(self) -> dict[str, dict[str, float]]:
-        if not self.available and time.monotonic() < self._down_until:
-            raise StoreUnavailableError(f"redis at {self.url} unreachable (retrying shortly)")
+        self._refuse_while_down()
         try:
             raw = await self._redis.hgetall(self._reservations_key)
         except _UNAVAILABLE as exc:
-            raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+            raise self._unreachable(exc) from exc
         return self._decode_reservations(raw)
 
     async def update_reservations(self, tenant: str, change: ReservationChange) -> dict[str, float]:
@@ -430,7 +435,7 @@ class RedisStore:
             except WatchError:
                 continue
             except _UNAVAILABLE as exc:
-                raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+                raise self._unreachable(exc) from exc
         raise StoreUnavailableError(
             f"reservations in redis at {self.url} changed under every one of {_RESERVATION_TRIES} tries"
         )
@@ -451,7 +456,7 @@ class RedisStore:
         try:
             await self._redis.hset(self._reservations_key, tenant, blob)
         except _UNAVAILABLE as exc:
-            raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+            raise self._unreachable(exc) from exc
 
     async def add_used(self, settled: Sequence[SettledUse], now: float) -> None:
         if not settled:
@@ -480,25 +485,23 @@ class RedisStore:
     async def put_pool_views(self, views: Mapping[str, bytes], ttl_s: float) -> None:
         if not views:
             return
-        if not self.available and time.monotonic() < self._down_until:
-            raise StoreUnavailableError(f"redis at {self.url} unreachable (retrying shortly)")
+        self._refuse_while_down()
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for name, doc in views.items():
                     pipe.set(self._pool_prefix + name, doc, px=max(1, int(ttl_s * 1000)))
                 await pipe.execute()
         except _UNAVAILABLE as exc:
-            raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+            raise self._unreachable(exc) from exc
 
     async def pool_views(self, pools: Sequence[str]) -> dict[str, bytes]:
         if not pools:
             return {}
-        if not self.available and time.monotonic() < self._down_until:
-            raise StoreUnavailableError(f"redis at {self.url} unreachable (retrying shortly)")
+        self._refuse_while_down()
         try:
             raw = await self._redis.mget([self._pool_prefix + name for name in pools])
         except _UNAVAILABLE as exc:
-            raise StoreUnavailableError(f"redis at {self.url} unreachable: {exc}") from exc
+            raise self._unreachable(exc) from exc
         return {
             name: bytes(v) if not isinstance(v, str) else v.encode()
             for name, v in zip(pools, raw, strict=True)
