@@ -361,9 +361,9 @@ class Proxy:
         call.body = body
         call.endpoint = parsed.endpoint
         lifecycle = deployment.lifecycle
-        shell = deployment.gate_shell
-        if shell is None and lifecycle.gated:
-            shell = self._gate_shell(deployment)
+        shell = deployment.gate_shell  # the deployment's dispatch-gate shell, when its policy has a gate
+        if shell is None and lifecycle.gated:  # (made on first use)
+            shell = deployment.gate_shell = GateShell(lifecycle, self.clock)
         if shell is not None:
             await shell.wait_turn(info)  # the dispatch gate: held while every replica is busy with prefill
         exclude: set[str] = set()
@@ -411,13 +411,6 @@ class Proxy:
         last.message = f"{last.message} (tried {len(call.attempts)} replica(s): {tried})"
         last.args = (last.message,)
         raise last
-
-    def _gate_shell(self, deployment: Deployment) -> GateShell | None:
-        """The deployment's dispatch-gate shell, when its policy has a gate (made on first use)."""
-        shell = deployment.gate_shell
-        if shell is None and deployment.lifecycle.gated:
-            shell = deployment.gate_shell = GateShell(deployment.lifecycle, self.clock)
-        return shell
 
     def _attempt_done(
         self, deployment: Deployment, replica: ReplicaState, info: RequestInfo, call: Call
