@@ -62,10 +62,11 @@ def start_serve(config: Path, env: dict[str, str], name: str = "fleetgate-serve"
 
 
 def gateway_files(
-    tmp: Path, i: int, api_url: str, gateway: dict[str, Any], extra: dict[str, Any]
+    tmp: Path, i: int, api_url: str, gateway: dict[str, Any] | None, extra: dict[str, Any]
 ) -> tuple[Path, dict[str, str]]:
     """Gateway ``i`` of several: token ``gw<i>``, a static autoscaler that wants 2 replicas (whoever leads
-    patches the scale back to 2 when it drifts). ``extra``: ``deployment`` and ``top`` keys to add."""
+    patches the scale back to 2 when it drifts). ``gateway``: as ``serve_files``'s; ``extra``: ``deployment``
+    and ``top`` keys to add."""
     deployment = {"autoscaler": {"policy": "static", "replicas": 2}, **extra.get("deployment", {})}
     return serve_files(
         tmp, api_url, token=f"gw{i}", deployment=deployment, gateway=gateway, top=extra.get("top"),

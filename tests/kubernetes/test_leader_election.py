@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 from k8s_apiserver import ApiServer, FakeCluster
-from k8s_gateways import free_port, gateway_files, leading, scalers, start_serve, watch_takeover
+from k8s_gateways import gateway_files, leading, scalers, start_serve, watch_takeover
 
 from fleetgate.providers.kubernetes_rbac import lease_name
 
@@ -31,7 +31,7 @@ LEASE = lease_name("engine")
 
 def _gateway(server: ApiServer, tmp_path: Path, i: int, extra: dict[str, Any]) -> Any:
     """Gateway ``i`` (token ``gw<i>``; the static autoscaler wants 2 engine replicas)."""
-    config, env = gateway_files(tmp_path, i, server.url, {"port": free_port()}, extra)
+    config, env = gateway_files(tmp_path, i, server.url, None, extra)
     return start_serve(config, env, name=f"gateway-{i}")
 
 
