@@ -6,25 +6,16 @@ The full benchmark replays 14 days for 17 deployments (minutes of CPU); here one
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_module import load_bench
 
 
 def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "autoscale_servegen", ROOT / "bench" / "autoscale_servegen.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("autoscale_servegen.py", "autoscale_servegen")
 
 
 @pytest.fixture(scope="module")
