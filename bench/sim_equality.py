@@ -6,6 +6,7 @@ A case may give different ``--policy-param`` lists for the old and the new tree,
 renamed or moved (e.g. the routing profile the policy now inherits from the deployment).
 
 Usage: .venv/bin/python bench/sim_equality.py --old-src /work/wt/base/src [--cases NAME,...] [--jobs 1]
+       [--same-params]   (the old tree gets the new tree's policy params: for an old tree after 8468188)
 Exit status 1 when any case differs.
 """
 
@@ -106,6 +107,7 @@ def main() -> int:
     ap.add_argument("--old-src", required=True)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--same-params", action="store_true", help="give the old tree the new tree's params")
     args = ap.parse_args()
     new_src = str(ROOT / "src")
     names = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -114,7 +116,9 @@ def main() -> int:
 
         def one(name: str) -> tuple[str, list[str]]:
             sim_args, old_p, new_p = CASES[name]
-            old = _run(args.old_src, sim_args, old_p, Path(tmp) / f"{name}.old.json")
+            old = _run(
+                args.old_src, sim_args, new_p if args.same_params else old_p, Path(tmp) / f"{name}.old.json"
+            )
             new = _run(new_src, sim_args, new_p, Path(tmp) / f"{name}.new.json")
             return name, _diff(old, new)
 
