@@ -16,6 +16,9 @@ Two kinds of evidence, both per replica:
   prefilled in one batch count the batch twice: an interval is used only when this gateway had at most one
   request in flight on the replica throughout.
 
+With ``busy=True`` (``BusyRateLearner``, opt-in: ``rate_learning: busy`` in the fleetgate policy's params)
+request timing also learns from replicas that are never idle: see ``BusyRateLearner``.
+
 Estimates are exponentially forgetting sums (``forget`` per observation, not per second, so an idle replica
 keeps what was learned). The engine's counters win over request timing when both are known. The **drift**
 of the deployment's cost profile is the learned seconds per prefill token over the profile's (alpha in
@@ -155,6 +158,8 @@ class _Replica:
     decode_counters: _Fit = field(default_factory=_Fit)
     last_counters: EngineCounters | None = None
     off_streak: int = 0  # consecutive updates with the drift beyond the threshold
+    last_first_token_s: float = -_INF  # (``BusyRateLearner``) the latest first token seen here
+    last_complete_s: float = -_INF  # (``BusyRateLearner``) the latest completion seen here
     alerted: bool = False
     #: (prefill_timing.n, prefill_counters.n, profile, ``_prefill_part``) of the last computation
     prefill_held: tuple[int, int, CostProfile | None, _PrefillPart] = (
@@ -420,3 +425,59 @@ def _delta(old: float | None, new: float | None) -> float | None:
     if old is None or new is None or new < old:  # a counter that went back: the engine restarted
         return None
     return new - old
+
+
+class BusyRateLearner(EngineRateLearner):
+    """``EngineRateLearner`` whose request timing also learns from replicas that are never idle.
+
+    Prefills on an engine run one after another in arrival order (vLLM's chunked prefill gives each step's
+    token budget to the earliest unfinished prompts; the simulated engine does the same), so a replica's
+    first tokens follow the queue's recursion ``first_i = max(dispatched_i, first_(i-1)) + service_i``: a
+    request's own prefill time is its first token less the later of its dispatch and the previous first
+    token on that replica. That service time against its uncached prompt tokens is the same regression as a
+    solo request's (a solo request is the case ``dispatched_i > first_(i-1)``), so a streamed request on a
+    busy replica is a sample too; the intercept is the per-request overhead that does not overlap with other
+    prefills (the first decode step, the network on the gaps).
+
+    Not a sample: a request in whose service interval another request finished on that replica. An engine
+    out of sequence slots or KV memory admits a waiting request when a running one finishes, so such an
+    interval may hold a wait that is not prefill (agentic contexts in the simulator: rates read 0.2-0.4x
+    without this rule, docs/benchmarks.md, session 8). A replica that is always full (every interval holds a
+    completion) learns nothing, as before; every request the default learner takes is still a sample.
+
+    Where prefills share steps (several short prompts in one chunk, llama-server's parallel slots prefilling
+    together), the busy time is still split exactly over the requests, but the later ones of a shared step
+    read less than their own work and the first more: the regression's slope flattens (a rate read high)
+    while the sums stay right. Under load the steps also carry the running requests' decodes, so the rate is
+    the replica's prefill rate under that load, which is what a queue ahead of a new request drains at. A
+    request without a first token (not streamed) is not a sample, and on a busy replica its prefill counts
+    toward the next streamed request's service time.
+    """
+
+    def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
+        p = self._pending.get(request.request_id)
+        if p is None or p.replica != replica or p.first_token_s is not None:
+            return
+        p.first_token_s = now
+        rep = self._replicas.get(replica) or self._rep(replica)
+        previous = rep.last_first_token_s
+        if previous > p.dispatched_s:
+            p.dispatched_s = previous  # its prefill started when the one before it ended
+        rep.last_first_token_s = now
+        # (``on_complete``: a sample, first token less ``dispatched_s``) unless a request finished meanwhile:
+        # then it may have waited for the sequence slot or KV memory that one freed, not for prefill
+        p.alone_at_first_token = rep.last_complete_s <= p.dispatched_s
+
+    def on_complete(
+        self, request: RequestInfo, replica: str, now: float, usage: Usage | None, cost_mu: float, ok: bool
+    ) -> None:
+        super().on_complete(request, replica, now, usage, cost_mu, ok)
+        rep = self._replicas.get(replica)
+        if rep is not None:
+            rep.last_complete_s = now
+
+
+def engine_rate_learner(profile: CostProfile | None = None, *, busy: bool = False) -> EngineRateLearner:
+    """The learner for a deployment: ``busy`` (the routing policy's ``learns_rates_busy``) also learns from
+    replicas that are never idle (``BusyRateLearner``)."""
+    return BusyRateLearner(profile) if busy else EngineRateLearner(profile)

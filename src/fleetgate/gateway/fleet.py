@@ -16,7 +16,7 @@ from typing import Any
 from fleetgate.config import DeploymentConfig
 from fleetgate.core.admission.headroom import HeadroomParams, LatencyHeadroom
 from fleetgate.core.autoscale import DemandMeter
-from fleetgate.core.engine_rates import EngineRateLearner, LearnedRates
+from fleetgate.core.engine_rates import LearnedRates, engine_rate_learner
 from fleetgate.core.errors import NotFoundError
 from fleetgate.core.lifecycle import Lifecycle, LifecycleObserver, ReplicaLoad, SortedOutputHistory
 from fleetgate.core.routing.base import RoutingPolicy
@@ -135,7 +135,7 @@ class Deployment:
         self.policy = policy
         self.profile = profile
         #: each replica's prefill and decode rates learned online (a lifecycle observer; scraper counters)
-        self.rates = EngineRateLearner(profile)
+        self.rates = engine_rate_learner(profile, busy=policy.learns_rates_busy)
         #: reserved and best-effort latency measured here, and the best-effort limit it allows (admission)
         self.headroom = LatencyHeadroom(headroom)
         self.replicas: dict[str, ReplicaState] = {}

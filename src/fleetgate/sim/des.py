@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fleetgate.core.autoscale import AutoscaleContext, Autoscaler, DemandMeter
-from fleetgate.core.engine_rates import EngineRateLearner
+from fleetgate.core.engine_rates import engine_rate_learner
 from fleetgate.core.errors import ServiceUnavailableError
 from fleetgate.core.lifecycle import Lifecycle, LifecycleObserver, SortedOutputHistory
 from fleetgate.core.routing.base import RoutingPolicy
@@ -138,7 +138,7 @@ class Simulator:
         self.rng = random.Random(config.seed)
         self.history = SortedOutputHistory()
         #: the same online engine-rate learner as the gateway's deployments (a lifecycle observer)
-        self.rates = EngineRateLearner(profile)
+        self.rates = engine_rate_learner(profile, busy=policy.learns_rates_busy)
         # The gateway's lifecycle; the demand meter only feeds the autoscaler, so it runs only with one.
         self.lifecycle: Lifecycle[tuple[int, RequestInfo]] = Lifecycle(
             policy,

@@ -23,6 +23,9 @@ class RoutingPolicy(Protocol):
     gate: DispatchGate[Any] | None
     #: Whether it reads ``RequestInfo.prefix_hashes`` (the gateway hashes prompts only for those that do).
     uses_prefix_hashes: bool
+    #: Whether the deployment's engine-rate learner should also learn from busy replicas
+    #: (``core.engine_rates.BusyRateLearner``; fleetgate's ``rate_learning: busy``).
+    learns_rates_busy: bool
 
     def pick(
         self,
@@ -66,6 +69,8 @@ class PolicyBase:
     gate: DispatchGate[Any] | None = None
     #: reads ``RequestInfo.prefix_hashes`` (unknown policies: yes; the gateway skips hashing otherwise)
     uses_prefix_hashes: bool = True
+    #: the engine-rate learner learns from requests that ran alone only (the default learner)
+    learns_rates_busy: bool = False
 
     def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
         return None

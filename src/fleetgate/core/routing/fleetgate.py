@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -78,6 +78,15 @@ class FleetgateParams(AffinityParams, LoadGuardParams, TtftEstimateParams, Leade
     gate_max_queued: int = Field(default=4096, description="Held requests at most (then route directly).")
     gate_max_wait_s: float = Field(default=10.0, description="A request held this long is released.")
 
+    rate_learning: Literal["alone", "busy"] = Field(
+        default="alone",
+        description="Which requests the deployment's online engine-rate learner takes its prefill rate "
+        "from: `alone`, only those that ran with nothing else in flight on their replica (an overloaded "
+        "replica may never learn one); `busy`, also streamed requests on busy replicas, whose prefill time "
+        "is their first token less the later of their dispatch and the previous first token there (none "
+        "where another request finished in between: it may have waited for a slot or KV memory).",
+    )
+
     _gate_switch = field_validator("gate", mode="before")(switch)
     _short_form = field_validator("scorers", mode="before")(scorer_list)
 
@@ -103,6 +112,7 @@ class FleetgatePolicy(PolicyBase):
     ) -> None:
         self.params = params
         self.outliers = outliers
+        self.learns_rates_busy = params.rate_learning == "busy"
         self.loads = ReplicaLoads(params.rate_tau_s)
         self.key_rates: DecayingRates[int] = DecayingRates(params.rate_tau_s)
         # ``first_token_feedback: auto`` follows the gate: on with it, and with an automatic gate only once a
