@@ -16,14 +16,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from fleetgate.core.lifecycle import SortedOutputHistory
+from fleetgate.core.lifecycle import ReplicaLoad, SortedOutputHistory
 from fleetgate.core.routing import build_policy
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.fleetgate import FleetgatePolicy
 from fleetgate.core.routing.pipeline import PickContext
+from fleetgate.core.routing.rates import DecayingRates
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo, Usage
 from fleetgate.core.units import LONG_INPUT_SCALE, CostProfile, OutputHistory
-from fleetgate.sim.entities import engine_request, frozen_builder, request_info
+from fleetgate.sim.entities import SimReplica, engine_request, frozen_builder, request_info
 from fleetgate.simengine.perfmodel import EngineModel, EngineRequest, PerfParams, StepResult
 
 
@@ -258,3 +259,47 @@ def test_cost_is_bit_identical_to_the_plain_formula() -> None:
         got = p.cost(inp, out, cached_tokens=cached, image_tokens=images)  # type: ignore[arg-type]
         want = _cost_formula(p, inp, out, cached, images)
         assert got == want and math.copysign(1.0, got) == math.copysign(1.0, want)
+
+
+def test_sim_replica_counters_follow_replica_load() -> None:
+    """``SimReplica.begin``/``end`` (written out) keep the counters exactly as ``ReplicaLoad``'s own, and mark
+    the snapshot for rebuilding."""
+    rng = random.Random(5)
+    ref = ReplicaLoad()
+    sink: list[SimReplica] = []
+    rep = SimReplica(0, "r0", None, 100.0)  # type: ignore[arg-type]
+    rep.sink = sink
+    rep.dirty = False
+    fields = ("inflight_requests", "inflight_mu", "completed", "failed", "consecutive_failures")
+    fields += ("last_success_s",)
+    held: list[float] = []
+    for step in range(5000):
+        if held and rng.random() < 0.5:
+            cost = held.pop(rng.randrange(len(held)))
+            ok = rng.random() < 0.9
+            ref.end(cost, ok, float(step))
+            rep.end(cost, ok, float(step))
+        else:
+            cost = rng.choice([0.0, rng.random(), rng.random() * 1e3, 1e-12])
+            held.append(cost)
+            ref.begin(cost)
+            rep.begin(cost)
+        assert [getattr(rep, f) for f in fields] == [getattr(ref, f) for f in fields]
+        assert rep.dirty and sink == [rep]
+        rep.dirty = False
+        sink.clear()
+
+
+def test_decaying_rates_add_rate_is_add_then_rate() -> None:
+    rng = random.Random(9)
+    a: DecayingRates[int] = DecayingRates(60.0)
+    b: DecayingRates[int] = DecayingRates(60.0)
+    now = 0.0
+    for _ in range(20_000):
+        now += rng.random() * rng.choice([0.01, 1.0, 400.0])  # some steps cross the rebase point
+        key = rng.randrange(20)
+        amount = rng.choice([0.0, rng.random(), rng.random() * 1e3, -rng.random()])
+        a.add(key, amount, now)
+        want = a.rate(key, now)
+        assert b.add_rate(key, amount, now) == want
+        assert a.values == b.values and a.base == b.base

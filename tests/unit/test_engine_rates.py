@@ -258,8 +258,9 @@ def test_kept_prefill_half_equals_a_fresh_computation() -> None:
             c[2] += rng.randint(0, 500)
             c[3] += rng.random()
             learner.on_counters(replica, t, EngineCounters(*c))
-        for name, rep_state in learner._replicas.items():
-            if name in learner.current:
-                fresh = copy.deepcopy(rep_state)
-                fresh.prefill_held = (-1, -1, None, fresh.prefill_held[3])  # nothing kept: recompute
-                assert learner._compute(fresh) == learner.current[name]
+        probe = copy.deepcopy(learner)
+        for name, rep_state in probe._replicas.items():
+            if name in probe.current:
+                rep_state.prefill_held = (-1, -1, None, rep_state.prefill_held[3])  # nothing kept: recompute
+                probe._updated(name, rep_state)
+                assert probe.current[name] == learner.current[name]

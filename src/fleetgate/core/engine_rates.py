@@ -313,31 +313,6 @@ class EngineRateLearner:
         """The latest estimate for ``replica`` (all ``None`` before any evidence)."""
         return self.current.get(replica, _NOTHING)
 
-    def _compute(self, rep: _Replica) -> LearnedRates:
-        # (the counters' ratio, ``_decode_s``, ``_Fit.ratio``, the inverses and the drift written out: this
-        # runs once per completed request; same arithmetic)
-        timing_fit, counter_fit = rep.prefill_timing, rep.prefill_counters
-        min_samples = self.min_samples
-        # The prefill half changes only with a prefill sample (most completions bring a decode sample only):
-        # kept from the last computation while both prefill fits and the profile are as they were.
-        held = rep.prefill_held
-        if held[0] == timing_fit.n and held[1] == counter_fit.n and held[2] is self.profile:
-            prefill = held[3]
-        else:
-            prefill = self._prefill_part(timing_fit, counter_fit)
-            rep.prefill_held = (timing_fit.n, counter_fit.n, self.profile, prefill)
-        decode: float | None = None
-        counted = rep.decode_counters
-        timed = rep.decode_timing
-        if counted.n >= _MIN_COUNTER_INTERVALS or timed.n >= min_samples:
-            fit = counted if counted.n >= _MIN_COUNTER_INTERVALS else timed
-            decode = fit.sy / fit.sx if fit.sx > 0 and fit.sy > 0 else None
-        # (``LearnedRates(...)`` without the named tuple's Python ``__new__``; the samples ``max(...)``)
-        p0, p1, p2, p3, p4, p5 = prefill
-        return _new_rates(
-            LearnedRates, (p0, decode, p1, p2, counted.n if counted.n >= timed.n else timed.n, p3, p4, p5)
-        )
-
     def _prefill_part(self, timing_fit: _Fit, counter_fit: _Fit) -> _PrefillPart:
         """``LearnedRates``' prefill fields: (tokens/s, source, samples, timing tokens/s, counter tokens/s,
         drift)."""
@@ -390,9 +365,31 @@ class EngineRateLearner:
         return p.replica_seconds(p.alpha)
 
     def _updated(self, name: str, rep: _Replica) -> None:
-        rates = self.current[name] = self._compute(rep)
-        drift = rates.drift
-        if drift is None or rates.prefill_tokens_per_s is None:
+        """Recompute ``current[name]`` from the replica's fits; raise a drift alert when one is due."""
+        # (the counters' ratio, ``_decode_s``, ``_Fit.ratio``, the inverses and the drift written out: this
+        # runs once per completed request; same arithmetic)
+        timing_fit, counter_fit = rep.prefill_timing, rep.prefill_counters
+        # The prefill half changes only with a prefill sample (most completions bring a decode sample only):
+        # kept from the last computation while both prefill fits and the profile are as they were.
+        held = rep.prefill_held
+        if held[0] == timing_fit.n and held[1] == counter_fit.n and held[2] is self.profile:
+            prefill = held[3]
+        else:
+            prefill = self._prefill_part(timing_fit, counter_fit)
+            rep.prefill_held = (timing_fit.n, counter_fit.n, self.profile, prefill)
+        decode: float | None = None
+        counted = rep.decode_counters
+        timed = rep.decode_timing
+        if counted.n >= _MIN_COUNTER_INTERVALS or timed.n >= self.min_samples:
+            fit = counted if counted.n >= _MIN_COUNTER_INTERVALS else timed
+            decode = fit.sy / fit.sx if fit.sx > 0 and fit.sy > 0 else None
+        # (``LearnedRates(...)`` without the named tuple's Python ``__new__``; the samples ``max(...)``)
+        tokens_per_s, p1, p2, p3, p4, drift = prefill
+        self.current[name] = _new_rates(
+            LearnedRates,
+            (tokens_per_s, decode, p1, p2, counted.n if counted.n >= timed.n else timed.n, p3, p4, drift),
+        )
+        if drift is None or tokens_per_s is None:
             return
         if abs(drift - 1.0) <= self.drift_alert:
             rep.off_streak = 0
@@ -402,7 +399,7 @@ class EngineRateLearner:
         if rep.off_streak >= self.drift_alert_after and not rep.alerted:
             ref = self.profile_prefill_s_per_token()
             assert ref is not None
-            self._alerts.append(DriftAlert(name, drift, rates.prefill_tokens_per_s, 1.0 / ref))
+            self._alerts.append(DriftAlert(name, drift, tokens_per_s, 1.0 / ref))
             rep.alerted = True
 
     def take_alerts(self) -> list[DriftAlert]:

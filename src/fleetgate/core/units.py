@@ -203,8 +203,9 @@ class CostProfile:
         Engines (vLLM, the simulated engine) count image tokens inside ``prompt_tokens``; they are charged
         once, at the image rate, so they come out of the text input here.
         """
+        text = usage.prompt_tokens - usage.image_tokens
         return self.cost(
-            max(usage.prompt_tokens - usage.image_tokens, 0),
+            0 if text < 0 else text,  # (``max(..., 0)``: once per request)
             usage.completion_tokens,
             cached_tokens=usage.cached_tokens,
             image_tokens=usage.image_tokens,

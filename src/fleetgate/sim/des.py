@@ -45,6 +45,7 @@ from fleetgate.sim.entities import (
     SimReplica,
     SimRequest,
     engine_request,
+    new_sim_request,
     request_info,
 )
 from fleetgate.sim.traces import Trace
@@ -63,6 +64,7 @@ REPLICA_READY = int(EventKind.REPLICA_READY)
 AUTOSCALE_TICK = int(EventKind.AUTOSCALE_TICK)
 SCRAPE_TICK = int(EventKind.SCRAPE_TICK)
 GATE_WAKE = int(EventKind.GATE_WAKE)
+DRAINING = ReplicaState.DRAINING
 
 
 class Admission(Protocol):
@@ -317,9 +319,9 @@ class Simulator:
             self._rejected += 1
             lifecycle.release_demand(info, now)
             return
-        rep = self._by_name(decision.replica)
+        rep = self._name_index.get(decision.replica) or self._by_name(decision.replica)
         rid = info.request_id
-        self._active[rid] = SimRequest(idx, info, info.cost_mu, rep.idx, now)
+        self._active[rid] = new_sim_request(idx, info)
         lifecycle.dispatch(info, rep.name, rep, now)
         self._dispatch[idx] = now
         self._replica_of[idx] = rep.idx
@@ -356,14 +358,15 @@ class Simulator:
         if res.cached_tokens:
             cached_of = self._cached
             for rid, cached in res.cached_tokens.items():
-                cached_of[active[rid].idx] = cached
+                cached_of[active[rid][0]] = cached
         if res.first_token:
             first = self._first
             first_token = self.lifecycle.first_token
+            name = rep.name
             for rid, t in res.first_token.items():
-                req = active[rid]
-                first[req.idx] = t
-                first_token(req.info, rep.name, t)
+                i, info = active[rid]
+                first[i] = t
+                first_token(info, name, t)
         if res.finished:
             fin = res.finished
             if len(fin) == 1:
@@ -374,17 +377,18 @@ class Simulator:
                     self._finish(rep, rid, t)
 
     def _finish(self, rep: SimReplica, rid: str, t: float) -> None:
-        req = self._active.pop(rid)
-        i = req.idx
+        i, info = self._active.pop(rid)
         tr = self.trace.requests[i]
-        if math.isnan(self._first[i]):
-            self._first[i] = t
+        first = self._first
+        if first[i] != first[i]:  # (``math.isnan``: no first token was seen)
+            first[i] = t
         self._done[i] = t
         u = usage(tr.input_tokens, tr.output_tokens, self._cached[i])
-        cost = self._cost[i] = self.lifecycle.complete(req.info, rep.name, rep, t, u)
+        cost = self._cost[i] = self.lifecycle.complete(info, rep.name, rep, t, u)
         if self.admission is not None:
-            self.admission.settle(req.info, cost, t)
-        self._maybe_stop(rep, t)
+            self.admission.settle(info, cost, t)
+        if rep.state == DRAINING:
+            self._maybe_stop(rep, t)
 
     # ----------------------------------------------------------------------------------------- autoscaling
 

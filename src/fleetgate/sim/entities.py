@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from fleetgate.core.engine_rates import LearnedRates
 from fleetgate.core.lifecycle import ReplicaLoad
@@ -105,15 +105,20 @@ engine_request = frozen_builder(
 )
 
 
-@dataclass(slots=True)
-class SimRequest:
-    """A request in flight through the simulated gateway."""
+class SimRequest(NamedTuple):
+    """A request in flight through the simulated gateway: its index in the trace and what the router knows
+    (a named tuple: one is built per request, by ``new_sim_request`` without the Python ``__new__``)."""
 
     idx: int
     info: RequestInfo
-    est_mu: float
-    replica: int = -1
-    dispatch_s: float = 0.0
+
+
+def new_sim_request(idx: int, info: RequestInfo) -> SimRequest:
+    """``SimRequest(idx, info)``, built as the tuple it is."""
+    return _new_tuple(SimRequest, (idx, info))
+
+
+_new_tuple = tuple.__new__
 
 
 @dataclass(slots=True)
@@ -149,17 +154,31 @@ class SimReplica(ReplicaLoad):
             return HealthState.STARTING
         return HealthState.HEALTHY
 
-    # (``mark_dirty`` written out in ``begin``/``end``: they run at every dispatch and completion)
+    # (``ReplicaLoad.begin``/``end`` and ``mark_dirty`` written out: they run at every dispatch and
+    # completion; ``tests/sim/test_fast_paths.py`` checks the counters against ``ReplicaLoad``'s)
 
     def begin(self, cost_mu: float) -> None:
-        ReplicaLoad.begin(self, cost_mu)
+        self.inflight_requests += 1
+        self.inflight_mu += cost_mu
         if not self.dirty:
             self.dirty = True
             if self.sink is not None:
                 self.sink.append(self)
 
     def end(self, cost_mu: float, ok: bool, now: float) -> None:
-        ReplicaLoad.end(self, cost_mu, ok, now)
+        self.inflight_requests -= 1
+        if self.inflight_requests:
+            left = self.inflight_mu - cost_mu
+            self.inflight_mu = 0.0 if left < 0.0 else left
+        else:
+            self.inflight_mu = 0.0
+        if ok:
+            self.completed += 1
+            self.consecutive_failures = 0
+            self.last_success_s = now
+        else:
+            self.failed += 1
+            self.consecutive_failures += 1
         if not self.dirty:
             self.dirty = True
             if self.sink is not None:

@@ -75,6 +75,9 @@ class Lifecycle(Generic[T]):
     """
 
     __slots__ = (
+        "_complete_hooks",
+        "_dispatch_hooks",
+        "_first_token_hooks",
         "_gate",
         "_settled",
         "demand",
@@ -102,6 +105,11 @@ class Lifecycle(Generic[T]):
         self.history = history if history is not None else SortedOutputHistory()
         self.demand = demand
         self.observers = tuple(observers)
+        # The hooks each event calls, policy first, bound once (policy and observers are fixed at
+        # construction; these run for every request in both drivers).
+        self._dispatch_hooks = (policy.on_dispatch, *(o.on_dispatch for o in self.observers))
+        self._first_token_hooks = (policy.on_first_token, *(o.on_first_token for o in self.observers))
+        self._complete_hooks = tuple(o.on_complete for o in self.observers)
         self._gate: Any = policy.gate
         #: whether the policy has a dispatch gate (``core.routing.gate``)
         self.gated = self._gate is not None
@@ -170,15 +178,13 @@ class Lifecycle(Generic[T]):
     def dispatch(self, request: RequestInfo, replica: str, load: ReplicaLoad, now: float) -> None:
         """The request goes to ``replica`` (whose counters are ``load``)."""
         load.begin(request.cost_mu)
-        self.policy.on_dispatch(request, replica, now)
-        for observer in self.observers:
-            observer.on_dispatch(request, replica, now)
+        for hook in self._dispatch_hooks:  # the policy's, then the observers'
+            hook(request, replica, now)
 
     def first_token(self, request: RequestInfo, replica: str, now: float) -> None:
         """The first output of the request arrived from ``replica``."""
-        self.policy.on_first_token(request, replica, now)
-        for observer in self.observers:
-            observer.on_first_token(request, replica, now)
+        for hook in self._first_token_hooks:  # the policy's, then the observers'
+            hook(request, replica, now)
 
     def finish(
         self, request: RequestInfo, replica: str, load: ReplicaLoad, now: float, usage: Usage | None, ok: bool
@@ -188,8 +194,8 @@ class Lifecycle(Generic[T]):
         cost = request.cost_mu if usage is None else self._settle(usage)
         load.end(request.cost_mu, ok, now)
         self.policy.on_complete(request, replica, now, cost, ok)
-        for observer in self.observers:
-            observer.on_complete(request, replica, now, usage, cost, ok)
+        for hook in self._complete_hooks:
+            hook(request, replica, now, usage, cost, ok)
         return cost
 
     def _settle(self, usage: Usage) -> float:
@@ -242,8 +248,8 @@ class Lifecycle(Generic[T]):
         load.end(request.cost_mu, True, now)
         self.history.observe(request.tenant, usage.completion_tokens)
         self.policy.on_complete(request, replica, now, actual, True)
-        for observer in self.observers:
-            observer.on_complete(request, replica, now, usage, actual, True)
+        for hook in self._complete_hooks:
+            hook(request, replica, now, usage, actual, True)
         if self.demand is not None:
             self.demand.finish(request.cost_mu, actual, now)
         return actual

@@ -119,7 +119,7 @@ class OutlierDetector:
         cfg = self.config
         if not cfg.enabled:
             return
-        rep = self._get(name)
+        rep = self._replicas.get(name) or self._get(name)  # (once per completion: the lookup written out)
         if rep.state is BreakerState.OPEN and now >= rep.ejected_until:
             rep.state = BreakerState.HALF_OPEN
             rep.trials_in_flight = max(rep.trials_in_flight, 1)

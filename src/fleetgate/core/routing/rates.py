@@ -39,6 +39,17 @@ class DecayingRates(Generic[K]):
         vals = self.values
         vals[key] = vals.get(key, 0.0) + amount * w
 
+    def add_rate(self, key: K, amount: float, now: float) -> float:
+        """``add``, then ``rate(key, now)`` (the same arithmetic; once per dispatch for the key)."""
+        if now - self.base > _REBASE_AFTER_TAUS * self.tau_s:
+            self.rebase(now)
+        exp = self._exp
+        base = self.base
+        tau = self.tau_s
+        vals = self.values
+        v = vals[key] = vals.get(key, 0.0) + amount * exp((now - base) / tau)
+        return v * (exp(-(now - base) / tau) / tau)
+
     def scale(self, now: float) -> float:
         """Factor turning a stored value into a rate (MU/s) at ``now``."""
         return self._exp(-(now - self.base) / self.tau_s) / self.tau_s

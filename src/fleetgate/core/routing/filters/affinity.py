@@ -163,9 +163,8 @@ class AffinityFilter(StageBase):
         state.last_seen = now
         if replica not in state.subset:
             self.off_subset += 1
-        self.key_rates.add(key, cost, now)
+        kr = self.key_rates.add_rate(key, cost, now)
         members = len(self.members) or 1
-        kr = self.key_rates.rate(key, now)
         size = aff.desired_size(kr, cap_rate, members)
         if size > len(state.subset):
             names = {r.name for r in self.members}

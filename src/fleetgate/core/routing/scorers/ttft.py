@@ -424,7 +424,8 @@ class TtftEstimate(StageBase):
                 self._expect.clear()
             out = request.estimated_output_tokens or request.max_output_tokens or self.default_output
             tokens = request.input_tokens + 0.5 * min(out, 4 * self.default_output)
-            self.release(rid)  # a retry without an outcome for the first attempt
+            if rid in self._kv_of:  # a retry without an outcome for the first attempt (``_expect``'s keys
+                self.release(rid)  # are a subset)
             kv = self._kv.get(replica)
             if kv is None:
                 kv = self._kv[replica] = [0.0, 0.0]
