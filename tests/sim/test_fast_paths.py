@@ -20,7 +20,6 @@ from fleetgate.core.lifecycle import ReplicaLoad, SortedOutputHistory
 from fleetgate.core.routing import build_policy
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.fleetgate import FleetgatePolicy
-from fleetgate.core.routing.pipeline import PickContext
 from fleetgate.core.routing.rates import DecayingRates
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo, Usage
 from fleetgate.core.units import LONG_INPUT_SCALE, CostProfile, OutputHistory
@@ -163,7 +162,7 @@ def test_macro_rebase_is_bit_identical_to_replanning(seed: int, kv: int) -> None
 def _backlog_reference(policy: FleetgatePolicy, replicas: list[ReplicaSnapshot], now: float) -> float:
     """The gate's backlog as first written: the routable filter (detector included), then a whole scan."""
     best = math.inf
-    for r in routable(replicas, PickContext(now, None, frozenset()), policy.outliers):
+    for r in routable(replicas, now, frozenset(), policy.outliers):
         if r.inflight_requests == 0:
             return 0.0
         st = policy.loads.reps.get(r.name)

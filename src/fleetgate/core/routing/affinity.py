@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Container, Iterable
+from collections.abc import Collection, Container, Iterable
 from dataclasses import dataclass, field
 
 from fleetgate.core.routing.keys import str_hash64
@@ -69,8 +69,10 @@ class BoundedLoadAffinity:
 
     # -- ring -----------------------------------------------------------------------------------------
 
-    def ensure_ring(self, names: Iterable[str]) -> None:
+    def ensure_ring(self, names: Collection[str]) -> None:
         """Add replicas not yet on the ring (they stay on it; unroutable ones are skipped when walking)."""
+        if self._on_ring.issuperset(names):
+            return  # (the usual case: one set operation instead of a loop over the names)
         new = [n for n in names if n not in self._on_ring]
         if not new:
             return

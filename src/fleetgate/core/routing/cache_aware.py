@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from fleetgate.core.routing.base import PolicyBase
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.outlier import OutlierDetector
-from fleetgate.core.routing.pipeline import PickContext, no_replica_error
+from fleetgate.core.routing.pipeline import no_replica_error
 from fleetgate.core.routing.prefix_index import PrefixIndex
 from fleetgate.core.types import RandomSource, ReplicaSnapshot, RequestInfo, RouteDecision
 
@@ -72,9 +72,7 @@ class CacheAwarePolicy(PolicyBase):
         exclude: frozenset[str] = frozenset(),
     ) -> RouteDecision:
         cands = routable(
-            replicas if isinstance(replicas, list) else list(replicas),
-            PickContext(now, rng, exclude),
-            self.outliers,
+            replicas if isinstance(replicas, list) else list(replicas), now, exclude, self.outliers
         )
         if not cands:
             raise no_replica_error(len(replicas), request.model)

@@ -171,7 +171,7 @@ class FleetgatePolicy(PolicyBase):
         if outliers is not None and outliers.blocking:
             # The detector's ``allows`` can move an expired ejection to half-open: ask as ``routable`` does.
             lst = replicas if isinstance(replicas, list) else list(replicas)
-            replicas = routable(lst, PickContext(now, None, frozenset()), outliers)  # type: ignore[arg-type]
+            replicas = routable(lst, now, frozenset(), outliers)
         return est.backlog_s(replicas, now)
 
     def gate_prefill_s(self, request: RequestInfo) -> float:
@@ -190,7 +190,7 @@ class FleetgatePolicy(PolicyBase):
         exclude: frozenset[str] = frozenset(),
     ) -> RouteDecision:
         lst = replicas if isinstance(replicas, list) else list(replicas)
-        cands = routable(lst, PickContext(now, rng, exclude), self.outliers)
+        cands = routable(lst, now, exclude, self.outliers)
         if not cands:
             raise no_replica_error(len(lst), request.model)
         aff = self.affinity
@@ -244,7 +244,7 @@ class FleetgatePolicy(PolicyBase):
                     scan += [r for r in cands if r.name in want]
             cands = scan
         extra = self._extra_seconds(request, cands, now, rng, exclude) if self.scorers else None
-        reps = self.loads.reps
+        reps_get = self.loads.reps.get
         busy = est.busy  # replicas with at least ``slot_from`` requests in flight (usually none)
         spt = full / inp if inp > 0 else 0.0  # MU per prompt token
         tps = est.prefill_tps
@@ -252,88 +252,145 @@ class FleetgatePolicy(PolicyBase):
         # else per replica, the learned rate when the snapshot has one).
         sec_per_mu = 1.0 / (spt * tps) if tps and spt > 0 else 0.0
         per_replica_rate = tps is None
-        learned_seen = False
+        if per_replica_rate and not est.learned_seen:
+            # (asked before the loop, which the load guard leaves early for a replica it drops)
+            for r in cands:
+                if r.learned_prefill_tokens_per_s:
+                    est.learned_seen = True
+                    break
         engine_q = est.engine_queue
         kv_full = est.engine_queue_kv
+        depth_of = (depths or {}).get
+        # The usual configuration (no configured prefill rate, no pooling, no extra scorers, the engine queue
+        # trusted) gets a loop without those branches; the general loop below is the same rule.
+        plain = per_replica_rate and pool is None and extra is None and engine_q and spt > 0
         while True:  # a second pass without the guard only if the guard left nothing (a huge request)
-            best_i = deep_i = sub_i = -1
+            best: ReplicaSnapshot | None = None
+            deep: ReplicaSnapshot | None = None
+            sub: ReplicaSnapshot | None = None
             best_t = deep_t = sub_t = _INF
             best_v = sub_v = _INF
             best_w = 0.0
             deep_d = 0
             sub_rank = 1 << 30
-            for i, r in enumerate(cands):
-                name = r.name
-                cap = r.capacity_mu_per_min / 60.0
-                if cap <= 0.0:
-                    cap = 1e-9
-                if per_replica_rate:
+            if plain:
+                for r in cands:
+                    name = r.name
+                    cap = r.capacity_mu_per_min / 60.0
+                    if cap <= 0.0:
+                        cap = 1e-9
+                    st = reps_get(name)
+                    v = 0.0 if st is None else st[0] * k
+                    d = depth_of(name, 0)
+                    if (
+                        v > rel_lim
+                        and v + own - mean > slack * cap
+                        and (d * bt < exempt_tokens or v > rel_lim_cached)
+                    ):
+                        skipped += 1
+                        continue
                     lt = r.learned_prefill_tokens_per_s
-                    if lt:
-                        learned_seen = True
-                    if pool is not None:
-                        lt = pool.rate(lt)
-                    sec_per_mu = 1.0 / (spt * lt) if lt and spt > 0 else 0.0
-                # Time to first token: prefill queued ahead (virtual finish time) + own uncached prefill.
-                st = reps.get(name)
-                if st is None:
-                    v = 0.0
-                    wait = 0.0
-                else:
-                    v = st[0] * k
-                    wait = st[1] - now if st[1] > now else 0.0
-                w = r.engine_waiting if engine_q else 0
-                if w and r.inflight_requests > 0 and (r.engine_kv_usage or 0.0) >= kv_full:
-                    # Requests the engine has not started (queued or memory-bound): the replica may be far
-                    # slower than the fluid model believes (KV thrashing), so trust the larger estimate.
-                    ww = w * r.inflight_mu / r.inflight_requests * (sec_per_mu or 1.0 / cap)
-                    if ww > wait:
-                        wait = ww
-                pre = full
-                d = 0
-                if depths:
-                    d = depths.get(name, 0)
+                    sec_per_mu = 1.0 / (spt * lt) if lt else 0.0
+                    if st is None:
+                        wait = 0.0
+                    else:
+                        f = st[1]
+                        wait = f - now if f > now else 0.0
+                    w = r.engine_waiting
+                    if w and r.inflight_requests > 0 and (r.engine_kv_usage or 0.0) >= kv_full:
+                        ww = w * r.inflight_mu / r.inflight_requests * (sec_per_mu or 1.0 / cap)
+                        if ww > wait:
+                            wait = ww
                     if d:
                         cached = d * bt
-                        pre -= save_per_token * (cached if cached < inp else inp)
-                t = wait + (pre * sec_per_mu if sec_per_mu else pre / cap)
-                if busy:
-                    pen = busy.get(name)
-                    if pen is not None:
-                        t += pen  # waiting for a sequence slot
-                if extra is not None:
-                    t += extra[i]
-                if (
-                    v > rel_lim
-                    and v + own - mean > slack * cap
-                    and (d * bt < exempt_tokens or v > rel_lim_cached)
-                ):
-                    skipped += 1
-                    continue
-                if t < best_t or (t == best_t and v < best_v):
-                    best_i, best_t, best_v, best_w = i, t, v, wait
-                if (
-                    d
-                    and sticky
-                    and (d > deep_d or (d == deep_d and t < deep_t))
-                    and (not hot or name in rank_of)
-                ):
-                    deep_i, deep_d, deep_t = i, d, t
-                rank = rank_of.get(name)
-                if rank is not None and (t < sub_t or (t == sub_t and (v, rank) < (sub_v, sub_rank))):
-                    sub_i, sub_t, sub_v, sub_rank = i, t, v, rank
-            if best_i >= 0:
+                        pre = full - save_per_token * (cached if cached < inp else inp)
+                    else:
+                        pre = full
+                    t = wait + (pre * sec_per_mu if sec_per_mu else pre / cap)
+                    if busy and name in busy:
+                        t += busy[name]
+                    if t < best_t or (t == best_t and v < best_v):
+                        best, best_t, best_v, best_w = r, t, v, wait
+                    if (
+                        d
+                        and sticky
+                        and (d > deep_d or (d == deep_d and t < deep_t))
+                        and (not hot or name in rank_of)
+                    ):
+                        deep, deep_d, deep_t = r, d, t
+                    if name in rank_of:
+                        rank = rank_of[name]
+                        if t < sub_t or (t == sub_t and (v, rank) < (sub_v, sub_rank)):
+                            sub, sub_t, sub_v, sub_rank = r, t, v, rank
+            else:
+                for i, r in enumerate(cands):
+                    name = r.name
+                    cap = r.capacity_mu_per_min / 60.0
+                    if cap <= 0.0:
+                        cap = 1e-9
+                    st = reps_get(name)
+                    v = 0.0 if st is None else st[0] * k
+                    d = depth_of(name, 0)
+                    # The load guard first: it needs only the recent load, the MU rate and the cached blocks.
+                    if (
+                        v > rel_lim
+                        and v + own - mean > slack * cap
+                        and (d * bt < exempt_tokens or v > rel_lim_cached)
+                    ):
+                        skipped += 1
+                        continue
+                    if per_replica_rate:
+                        lt = r.learned_prefill_tokens_per_s
+                        if pool is not None:
+                            lt = pool.rate(lt)
+                        sec_per_mu = 1.0 / (spt * lt) if lt and spt > 0 else 0.0
+                    # Time to first token: prefill queued ahead (virtual finish time) + own uncached prefill.
+                    if st is None:
+                        wait = 0.0
+                    else:
+                        f = st[1]
+                        wait = f - now if f > now else 0.0
+                    if engine_q:
+                        w = r.engine_waiting
+                        if w and r.inflight_requests > 0 and (r.engine_kv_usage or 0.0) >= kv_full:
+                            # Requests the engine has not started (queued or memory-bound): the replica may
+                            # be far slower than the fluid model believes (KV thrashing), so trust the
+                            # larger estimate.
+                            ww = w * r.inflight_mu / r.inflight_requests * (sec_per_mu or 1.0 / cap)
+                            if ww > wait:
+                                wait = ww
+                    if d:
+                        cached = d * bt
+                        pre = full - save_per_token * (cached if cached < inp else inp)
+                    else:
+                        pre = full
+                    t = wait + (pre * sec_per_mu if sec_per_mu else pre / cap)
+                    if busy and name in busy:
+                        t += busy[name]  # waiting for a sequence slot
+                    if extra is not None:
+                        t += extra[i]
+                    if t < best_t or (t == best_t and v < best_v):
+                        best, best_t, best_v, best_w = r, t, v, wait
+                    if (
+                        d
+                        and sticky
+                        and (d > deep_d or (d == deep_d and t < deep_t))
+                        and (not hot or name in rank_of)
+                    ):
+                        deep, deep_d, deep_t = r, d, t
+                    if name in rank_of:
+                        rank = rank_of[name]
+                        if t < sub_t or (t == sub_t and (v, rank) < (sub_v, sub_rank)):
+                            sub, sub_t, sub_v, sub_rank = r, t, v, rank
+            if best is not None:
                 break
             guard.guarded += 1
             rel_lim = rel_lim_cached = _INF
         guard.skips += skipped
-        if learned_seen:
-            est.learned_seen = True
         share = deep_d * bt / inp if inp > 0 else 1.0
-        chosen, t, reason = self.picker.choose(
-            sub_i, sub_t, deep_i, deep_d, deep_t, best_i, best_t, best_w, share if share < 1.0 else 1.0
+        rep, t, reason = self.picker.choose(
+            sub, sub_t, deep, deep_d, deep_t, best, best_t, best_w, share if share < 1.0 else 1.0
         )
-        rep = cands[chosen]
         name = rep.name
         cached_blocks = depths.get(name, 0) if depths else 0
         cached = min(cached_blocks * bt, inp)
@@ -343,7 +400,8 @@ class FleetgatePolicy(PolicyBase):
             if pool is not None:
                 lt = pool.rate(lt)
             sec_per_mu = 1.0 / (spt * lt) if lt and spt > 0 else 0.0
-        est.memo = (request, name, pmu, _cap(rep), pmu * sec_per_mu if sec_per_mu else pmu / _cap(rep))
+        cap = _cap(rep)
+        est.memo = (request, name, pmu, cap, pmu * sec_per_mu if sec_per_mu else pmu / cap)
         return RouteDecision(
             name,
             {"est_ttft_s": t, "cached_blocks": float(cached_blocks), "subset_size": float(len(subset))},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from fleetgate.core.plugins import PluginParams
 from fleetgate.core.routing.outlier import OutlierDetector
 from fleetgate.core.routing.pipeline import PickContext, StageBase
@@ -12,23 +14,31 @@ _SUSPECT = HealthState.SUSPECT
 
 
 def routable(
-    replicas: list[ReplicaSnapshot], ctx: PickContext, outliers: OutlierDetector | None
+    replicas: list[ReplicaSnapshot],
+    now: float,
+    exclude: AbstractSet[str],
+    outliers: OutlierDetector | None,
 ) -> list[ReplicaSnapshot]:
     """Healthy or suspect, not draining, not ejected (snapshot or detector), not already tried.
 
     If the detector alone would leave nothing, its ejections are ignored (panic mode): a request is better
     served by a doubtful replica than refused. Health, draining and ``exclude`` are never overridden.
     """
-    now = ctx.now
-    exclude = ctx.exclude
-    out = [
-        r
-        for r in replicas
-        if (r.health is _HEALTHY or r.health is _SUSPECT)
-        and not r.draining
-        and r.ejected_until_s <= now
-        and r.name not in exclude
-    ]
+    if exclude:
+        out = [
+            r
+            for r in replicas
+            if (r.health is _HEALTHY or r.health is _SUSPECT)
+            and not r.draining
+            and r.ejected_until_s <= now
+            and r.name not in exclude
+        ]
+    else:  # (the usual case, once per pick: the same test without the name lookup)
+        out = [
+            r
+            for r in replicas
+            if (r.health is _HEALTHY or r.health is _SUSPECT) and not r.draining and r.ejected_until_s <= now
+        ]
     if outliers is not None and outliers.blocking and out:
         allowed = [r for r in out if outliers.allows(r.name, now)]
         if allowed:
@@ -51,7 +61,7 @@ class RoutableFilter(StageBase):
     def filter(
         self, request: RequestInfo, candidates: list[ReplicaSnapshot], ctx: PickContext
     ) -> list[ReplicaSnapshot]:
-        return routable(candidates, ctx, self.outliers)
+        return routable(candidates, ctx.now, ctx.exclude, self.outliers)
 
     def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
         if self.outliers is not None and self.outliers.blocking:

@@ -20,11 +20,14 @@ nothing on idle capacity but, when every replica has a queue, is work every late
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
 from pydantic import Field
 
 from fleetgate.core.plugins import PluginParams
 from fleetgate.core.routing.pipeline import StageBase
+
+C = TypeVar("C")
 
 
 class LeaderSpillParams(PluginParams):
@@ -69,27 +72,28 @@ class LeaderSpillPicker(StageBase):
 
     def choose(
         self,
-        sub_i: int,
+        sub: C | None,
         sub_t: float,
-        deep_i: int,
+        deep: C | None,
         deep_d: int,
         deep_t: float,
-        best_i: int,
+        best: C,
         best_t: float,
         best_wait: float = 0.0,
         deep_share: float = 1.0,
-    ) -> tuple[int, float, str]:
-        """``(index, ttft, reason)`` from the subset's fastest (``sub_*``), the deepest cache holder
-        (``deep_*``, ``deep_i < 0`` for none) and the fastest overall (``best_*``, with ``best_wait`` seconds
-        of prefill queued ahead of it; ``deep_share``: the share of the prompt the cache holder holds)."""
+    ) -> tuple[C, float, str]:
+        """``(candidate, ttft, reason)`` from the subset's fastest (``sub``, ``None`` for none), the deepest
+        cache holder (``deep``, ``None`` for none, holding ``deep_d`` blocks) and the fastest overall
+        (``best``, with ``best_wait`` seconds of prefill queued ahead of it; ``deep_share``: the share of the
+        prompt the cache holder holds). Candidates are whatever the caller names them by."""
         stay = False
-        if deep_i >= 0 and deep_d >= self.sticky_min_blocks:
-            sub_i, sub_t = deep_i, deep_t  # the replica expected to hold the most of the prompt leads
+        if deep is not None and deep_d >= self.sticky_min_blocks:
+            sub, sub_t = deep, deep_t  # the replica expected to hold the most of the prompt leads
             factor, slack_s = self.spill_factor, self.spill_slack_s
             stay = best_wait * deep_share > self.spill_max_wait_s
         else:
             factor, slack_s = self.spill_factor_new, self.spill_slack_new_s
-        if sub_i >= 0 and (stay or sub_t <= factor * best_t + slack_s):
-            return sub_i, sub_t, "fleetgate:affinity"
+        if sub is not None and (stay or sub_t <= factor * best_t + slack_s):
+            return sub, sub_t, "fleetgate:affinity"
         self.spills += 1
-        return best_i, best_t, "fleetgate:spill"
+        return best, best_t, "fleetgate:spill"
