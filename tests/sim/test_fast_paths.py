@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from dataclasses import dataclass
@@ -18,13 +19,14 @@ import pytest
 
 from fleetgate.core.lifecycle import ReplicaLoad, SortedOutputHistory
 from fleetgate.core.routing import build_policy
+from fleetgate.core.routing.filters.affinity import AffinityFilter, AffinityParams
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.fleetgate import FleetgatePolicy
-from fleetgate.core.routing.rates import DecayingRates
+from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo, Usage
 from fleetgate.core.units import LONG_INPUT_SCALE, CostProfile, OutputHistory
 from fleetgate.sim.entities import SimReplica, engine_request, frozen_builder, request_info
-from fleetgate.simengine.perfmodel import EngineModel, EngineRequest, PerfParams, StepResult
+from fleetgate.simengine.perfmodel import EngineModel, EngineRequest, PerfParams, StepResult, _new_result
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -302,3 +304,75 @@ def test_decaying_rates_add_rate_is_add_then_rate() -> None:
         want = a.rate(key, now)
         assert b.add_rate(key, amount, now) == want
         assert a.values == b.values and a.base == b.base
+
+
+def test_new_step_result_is_the_dataclass_own() -> None:
+    """``advance``'s cheap constructor fills every field as ``StepResult(start=..., end=...)`` does."""
+    got = _new_result(1.5, 2.5)
+    assert got == StepResult(start=1.5, end=2.5) and type(got) is StepResult
+    assert got.finished is not _new_result(1.5, 2.5).finished  # fresh containers each time
+
+
+def _maintain_reference(f: AffinityFilter, now: float, cap_rate: float) -> None:
+    """``AffinityFilter.maintain`` as written before its per-key shortcuts (every check on every key)."""
+    aff = f.assign
+    present = {r.name for r in f.present}
+    members = [r.name for r in f.members]
+    member_set = set(members)
+    n = len(members) or 1
+    ttl_edge = now - f.key_ttl_s
+    kscale = f.key_rates.scale(now)
+    kvals = f.key_rates.values
+    for name in [m for m in f.loads.reps if m not in present]:
+        f.loads.discard(name)
+    for key, state in list(aff.keys.items()):
+        if state.last_seen < ttl_edge:
+            aff.forget(key)
+            f.key_rates.discard(key)
+            continue
+        for name in [m for m in state.subset if m not in present]:
+            aff.drop_member(key, name)
+        kr = kvals.get(key, 0.0) * kscale
+        while aff.should_shrink(kr, cap_rate, len(state.subset)):
+            aff.shrink(key)
+        if len(state.subset) < aff.min_subset and members:
+            aff.grow(key, member_set, n, min(aff.min_subset, n))
+    if members:
+        f.rebalance(now, members, cap_rate)
+
+
+def _affinity_state(f: AffinityFilter) -> tuple[object, ...]:
+    aff = f.assign
+    keys = [(k, list(s.subset), s.last_seen, dict(s.rank)) for k, s in aff.keys.items()]
+    return (keys, dict(aff.slots), aff.total_slots, {k: set(v) for k, v in aff.replica_keys.items()},
+            {k: list(v) for k, v in f.loads.reps.items()}, dict(f.key_rates.values), aff.moves)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_affinity_maintain_matches_the_plain_loop(seed: int) -> None:
+    """Expiry, departed replicas, cooled and hot keys, regrowth: the same subsets and counters, in order."""
+    rng = random.Random(seed)
+    params = AffinityParams(key="tenant", min_subset=2, key_ttl_s=30.0, hot_share=0.05)
+    loads = ReplicaLoads(60.0)
+    f = AffinityFilter(params, loads, DecayingRates(60.0))
+    fleet = [f"r{i}" for i in range(12)]
+    now = 0.0
+    for step in range(3000):
+        now += rng.random() * 0.5
+        if rng.random() < 0.01 and len(fleet) > 3:
+            fleet.remove(rng.choice(fleet))  # a replica leaves
+        elif rng.random() < 0.01:
+            fleet.append(f"r{12 + step}")  # one joins
+        snaps = [ReplicaSnapshot(name) for name in fleet]
+        f.observe(snaps, snaps, True)
+        req = RequestInfo(request_id=f"q{step}", model="m", tenant=f"t{int(rng.paretovariate(1.2)) % 60}")
+        replica = rng.choice(fleet)
+        cost = rng.random() * rng.choice([1.0, 50.0])
+        f.subset(req, snaps)
+        f.record(req, replica, now, cost, 1.5)
+        loads.add(replica, cost, now)
+        if step % 40 == 39:
+            ref = copy.deepcopy(f)
+            f.maintain(now, 1.5)
+            _maintain_reference(ref, now, 1.5)
+            assert _affinity_state(f) == _affinity_state(ref)

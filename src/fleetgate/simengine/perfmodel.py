@@ -234,6 +234,25 @@ class StepResult:
     preempted: list[str] = field(default_factory=list)
 
 
+def _new_result(start: float, end: float) -> StepResult:
+    """``StepResult(start=start, end=end)`` without the generated ``__init__`` (keyword arguments, a factory
+    call per container): ``advance`` builds one per call, several per simulated request."""
+    res: StepResult = _new_object(StepResult)
+    res.start = start
+    res.end = end
+    res.iterations = 0
+    res.emitted = {}
+    res.first_token = {}
+    res.finished = {}
+    res.cached_tokens = {}
+    res.admitted = {}
+    res.preempted = []
+    return res
+
+
+_new_object = object.__new__
+
+
 @dataclass(frozen=True, slots=True)
 class EngineStats:
     """The model's gauges and counters at one moment (vLLM metric equivalents in docs/simengine.md)."""
@@ -484,10 +503,10 @@ class EngineModel:
 
     def fits(self, input_tokens: int, max_output_tokens: int) -> bool:
         """Whether a request of this size can ever complete here (prompt + output within the KV cache)."""
-        return (
+        return (  # (``_blocks`` written out: twice per simulated request)
             input_tokens >= 1
             and max_output_tokens >= 1
-            and _blocks(input_tokens + max_output_tokens, self.params.block_tokens) <= self._total_blocks
+            and -(-(input_tokens + max_output_tokens) // self.params.block_tokens) <= self._total_blocks
         )
 
     # ------------------------------------------------------------------ inputs
@@ -563,14 +582,18 @@ class EngineModel:
 
         This commits the next iteration's schedule: submit every arrival of a given instant before asking.
         """
-        self._ensure_planned()
-        return None if self._seg is None else self._seg.end
+        t = self._pending  # (``_ensure_planned`` written out: the simulator asks after every change)
+        if t is not None:
+            self._pending = None
+            self._start_segment(t)
+        seg = self._seg
+        return None if seg is None else seg.end
 
     def advance(self, until: float) -> StepResult:
         """Apply every iteration ending at or before ``until``; see the module docstring."""
         seg = self._seg
         start = seg.start if seg is not None else (self._pending if self._pending is not None else until)
-        res = StepResult(start=start, end=until)
+        res = _new_result(start, until)
         last_end = start
         while True:
             if self._pending is not None:

@@ -193,18 +193,29 @@ class AffinityFilter(StageBase):
         kvals = self.key_rates.values
         for name in [m for m in self.loads.reps if m not in present]:
             self.loads.discard(name)  # departed: no longer part of the mean
-        for key, state in list(aff.keys.items()):
+        # Per key, in the keys' order (a grow reads the slot counts the keys before it left): forget it when
+        # idle, drop departed members, shrink it while cooled, grow it back to the minimum. A key's subset
+        # changes only by its own steps, so whether any subset holds a departed replica is known up front
+        # (usually none: the per-key check is skipped), and a subset at the minimum size cannot shrink
+        # (``should_shrink``'s first test, made before its rate is read). This runs over every key.
+        keys = aff.keys
+        departed = set().union(*(state.subset for state in keys.values())) - present
+        min_subset = aff.min_subset
+        for key, state in list(keys.items()):
             if state.last_seen < ttl_edge:
                 aff.forget(key)
                 self.key_rates.discard(key)
                 continue
-            for name in [m for m in state.subset if m not in present]:
-                aff.drop_member(key, name)
-            kr = kvals.get(key, 0.0) * kscale
-            while aff.should_shrink(kr, cap_rate, len(state.subset)):
-                aff.shrink(key)
-            if len(state.subset) < aff.min_subset and members:
-                aff.grow(key, member_set, n, min(aff.min_subset, n))
+            subset = state.subset
+            if departed:
+                for name in [m for m in subset if m not in present]:
+                    aff.drop_member(key, name)
+            if len(subset) > min_subset:
+                kr = kvals.get(key, 0.0) * kscale
+                while aff.should_shrink(kr, cap_rate, len(state.subset)):
+                    aff.shrink(key)
+            if len(state.subset) < min_subset and members:
+                aff.grow(key, member_set, n, min(min_subset, n))
         if members:
             self.rebalance(now, members, cap_rate)
 

@@ -463,9 +463,11 @@ class TtftEstimate(StageBase):
         held = self._kv_of.pop(request_id, None)
         if held is not None:
             kv = self._kv.get(held[0])
-            if kv is not None:
-                kv[0] = max(kv[0] - 1.0, 0.0)
-                kv[1] = max(kv[1] - held[1], 0.0)
+            if kv is not None:  # (``max(..., 0.0)`` as branches: once per request)
+                left = kv[0] - 1.0
+                kv[0] = 0.0 if left < 0.0 else left
+                left = kv[1] - held[1]
+                kv[1] = 0.0 if left < 0.0 else left
                 self._update_busy(held[0], kv[0])
 
     def _update_busy(self, replica: str, inflight: float) -> None:
