@@ -11,9 +11,11 @@ import random
 
 import pytest
 
+from fleetgate.config import DeploymentConfig, ReplicaConfig
 from fleetgate.core.engine_rates import BusyRateLearner, EngineRateLearner, engine_rate_learner
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.types import RequestInfo, Usage
+from fleetgate.gateway.fleet import build_deployment
 
 
 def _fcfs_overload(
@@ -161,3 +163,20 @@ def test_rate_learning_is_a_fleetgate_param_and_picks_the_learner() -> None:
     assert type(engine_rate_learner(None, busy=True)) is BusyRateLearner
     with pytest.raises(ValueError):
         build_policy("fleetgate", {"rate_learning": "sometimes"})
+
+
+def test_a_deployment_configured_busy_gets_the_busy_learner() -> None:
+    """The shipped path: `routing: {policy: fleetgate, params: {rate_learning: busy}}` in a deployment's
+    config gives its gateway deployment the busy learner; the default config keeps the default one."""
+    replicas = [ReplicaConfig(name="r0", url="http://127.0.0.1:1")]
+    busy = build_deployment(
+        DeploymentConfig.model_validate(
+            {
+                "model": "m",
+                "replicas": replicas,
+                "routing": {"policy": "fleetgate", "params": {"rate_learning": "busy"}},
+            }
+        )
+    )
+    assert type(busy.rates) is BusyRateLearner
+    assert type(build_deployment(DeploymentConfig(model="m", replicas=replicas)).rates) is EngineRateLearner
