@@ -16,6 +16,8 @@ that is much slower than another (see ``pickers.leader_spill``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import compress
+from operator import attrgetter, or_
 
 from pydantic import Field
 
@@ -25,6 +27,9 @@ from fleetgate.core.routing.keys import KeyFunction, KeyKind
 from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo
+
+_SUBSET = attrgetter("subset")
+_LAST_SEEN = attrgetter("last_seen")
 
 
 class AffinityParams(PluginParams):
@@ -195,13 +200,20 @@ class AffinityFilter(StageBase):
             self.loads.discard(name)  # departed: no longer part of the mean
         # Per key, in the keys' order (a grow reads the slot counts the keys before it left): forget it when
         # idle, drop departed members, shrink it while cooled, grow it back to the minimum. A key's subset
-        # changes only by its own steps, so whether any subset holds a departed replica is known up front
-        # (usually none: the per-key check is skipped), and a subset at the minimum size cannot shrink
-        # (``should_shrink``'s first test, made before its rate is read). This runs over every key.
+        # changes only by its own steps, so what each key needs is known up front: with no departed replica
+        # in any subset (the usual case) only the idle keys and those off the minimum size have anything to
+        # do (a subset at the minimum neither shrinks nor grows), found without a Python loop over the keys.
         keys = aff.keys
-        departed = set().union(*(state.subset for state in keys.values())) - present
+        states = list(keys.values())
+        departed = set().union(*map(_SUBSET, states)) - present
         min_subset = aff.min_subset
-        for key, state in list(keys.items()):
+        if departed:
+            visit = list(keys.items())
+        else:
+            idle = map(ttl_edge.__gt__, map(_LAST_SEEN, states))
+            off_minimum = map(min_subset.__ne__, map(len, map(_SUBSET, states)))
+            visit = list(compress(keys.items(), map(or_, idle, off_minimum)))
+        for key, state in visit:
             if state.last_seen < ttl_edge:
                 aff.forget(key)
                 self.key_rates.discard(key)
@@ -210,11 +222,11 @@ class AffinityFilter(StageBase):
             if departed:
                 for name in [m for m in subset if m not in present]:
                     aff.drop_member(key, name)
-            if len(subset) > min_subset:
+            if len(subset) > min_subset:  # (``should_shrink``'s first test, before the rate is read)
                 kr = kvals.get(key, 0.0) * kscale
-                while aff.should_shrink(kr, cap_rate, len(state.subset)):
+                while aff.should_shrink(kr, cap_rate, len(subset)):
                     aff.shrink(key)
-            if len(state.subset) < min_subset and members:
+            if len(subset) < min_subset and members:
                 aff.grow(key, member_set, n, min(min_subset, n))
         if members:
             self.rebalance(now, members, cap_rate)
