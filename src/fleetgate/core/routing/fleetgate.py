@@ -50,6 +50,7 @@ from fleetgate.core.types import RandomSource, ReplicaSnapshot, RequestInfo, Rou
 from fleetgate.core.units import CostProfile
 
 _INF = math.inf
+_NAN = math.nan
 
 
 class FleetgateParams(AffinityParams, LoadGuardParams, TtftEstimateParams, LeaderSpillParams):
@@ -261,6 +262,8 @@ class FleetgatePolicy(PolicyBase):
         engine_q = est.engine_queue
         kv_full = est.engine_queue_kv
         depth_of = (depths or {}).get
+        # Only these can be the cache leader or the subset's fastest (one set test for every other replica).
+        marked = (depths or {}).keys() | rank_of.keys()
         # The usual configuration (no configured prefill rate, no pooling, no extra scorers, the engine queue
         # trusted) gets a loop without those branches; the general loop below is the same rule.
         plain = per_replica_rate and pool is None and extra is None and engine_q and spt > 0
@@ -274,14 +277,28 @@ class FleetgatePolicy(PolicyBase):
             deep_d = 0
             sub_rank = 1 << 30
             if plain:
+                # Per distinct MU rate (a fleet usually has one), not per replica: the rate, the request's
+                # own prefill seconds without a cache hit, and the estimate with nothing queued.
+                last_c = _NAN
+                cap = full_s = idle_t = 0.0
                 for r in cands:
                     name = r.name
-                    cap = r.capacity_mu_per_min / 60.0
-                    if cap <= 0.0:
-                        cap = 1e-9
+                    c = r.capacity_mu_per_min
+                    if c != last_c:
+                        last_c = c
+                        cap = c / 60.0
+                        if cap <= 0.0:
+                            cap = 1e-9
+                        full_s = full / cap
+                        idle_t = 0.0 + full_s
                     st = reps_get(name)
                     v = 0.0 if st is None else st[0] * k
-                    d = depth_of(name, 0)
+                    if name in marked:
+                        d = depth_of(name, 0)
+                        m = True
+                    else:
+                        d = 0
+                        m = False
                     if (
                         v > rel_lim
                         and v + own - mean > slack * cap
@@ -291,11 +308,11 @@ class FleetgatePolicy(PolicyBase):
                         continue
                     lt = r.learned_prefill_tokens_per_s
                     sec_per_mu = 1.0 / (spt * lt) if lt else 0.0
-                    if st is None:
-                        wait = 0.0
-                    else:
+                    wait = 0.0
+                    if st is not None:
                         f = st[1]
-                        wait = f - now if f > now else 0.0
+                        if f > now:
+                            wait = f - now
                     w = r.engine_waiting
                     if w and r.inflight_requests > 0 and (r.engine_kv_usage or 0.0) >= kv_full:
                         ww = w * r.inflight_mu / r.inflight_requests * (sec_per_mu or 1.0 / cap)
@@ -304,13 +321,19 @@ class FleetgatePolicy(PolicyBase):
                     if d:
                         cached = d * bt
                         pre = full - save_per_token * (cached if cached < inp else inp)
+                        t = wait + (pre * sec_per_mu if sec_per_mu else pre / cap)
+                    elif sec_per_mu:
+                        t = wait + full * sec_per_mu
+                    elif wait:
+                        t = wait + full_s
                     else:
-                        pre = full
-                    t = wait + (pre * sec_per_mu if sec_per_mu else pre / cap)
+                        t = idle_t
                     if busy and name in busy:
                         t += busy[name]
                     if t < best_t or (t == best_t and v < best_v):
                         best, best_t, best_v, best_w = r, t, v, wait
+                    if not m:
+                        continue
                     if (
                         d
                         and sticky
