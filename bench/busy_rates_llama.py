@@ -38,19 +38,16 @@ from fleetgate.core.openai import usage_from_mapping
 from fleetgate.core.types import RequestInfo
 from fleetgate.engines.calibration_probe import process_tree_cpu_seconds
 from fleetgate.engines.llama import LlamaServerConfig, free_port, llama_server, missing_llama_parts
+from fleetgate.engines.metrics import parse_prometheus_text
 
 MODEL = "tiny-llama"
 WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "big", "red", "dog")
 
 
 def _counters(url: str) -> dict[str, float]:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("llamacpp:") and " " in line:
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
+    """llama-server's counters (``llamacpp:*``, unlabelled), summed over label sets as the scraper does."""
+    parsed = parse_prometheus_text(httpx.get(url + "/metrics", timeout=10).text)
+    return {name: sum(v for _, v in rows) for name, rows in parsed.items() if name.startswith("llamacpp:")}
 
 
 async def _one(
