@@ -154,31 +154,18 @@ class SimReplica(ReplicaLoad):
             return HealthState.STARTING
         return HealthState.HEALTHY
 
-    # (``ReplicaLoad.begin``/``end`` and ``mark_dirty`` written out: they run at every dispatch and
-    # completion; ``tests/sim/test_fast_paths.py`` checks the counters against ``ReplicaLoad``'s)
+    # (``mark_dirty`` written out in ``begin``/``end``: they run at every dispatch and completion; the
+    # counters stay ``ReplicaLoad``'s, one definition for the gateway and the simulator)
 
     def begin(self, cost_mu: float) -> None:
-        self.inflight_requests += 1
-        self.inflight_mu += cost_mu
+        ReplicaLoad.begin(self, cost_mu)
         if not self.dirty:
             self.dirty = True
             if self.sink is not None:
                 self.sink.append(self)
 
     def end(self, cost_mu: float, ok: bool, now: float) -> None:
-        self.inflight_requests -= 1
-        if self.inflight_requests:
-            left = self.inflight_mu - cost_mu
-            self.inflight_mu = 0.0 if left < 0.0 else left
-        else:
-            self.inflight_mu = 0.0
-        if ok:
-            self.completed += 1
-            self.consecutive_failures = 0
-            self.last_success_s = now
-        else:
-            self.failed += 1
-            self.consecutive_failures += 1
+        ReplicaLoad.end(self, cost_mu, ok, now)
         if not self.dirty:
             self.dirty = True
             if self.sink is not None:
