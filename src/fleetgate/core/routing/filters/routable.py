@@ -24,21 +24,13 @@ def routable(
     If the detector alone would leave nothing, its ejections are ignored (panic mode): a request is better
     served by a doubtful replica than refused. Health, draining and ``exclude`` are never overridden.
     """
-    if exclude:
-        out = [
-            r
-            for r in replicas
-            if (r.health is _HEALTHY or r.health is _SUSPECT)
-            and not r.draining
-            and r.ejected_until_s <= now
-            and r.name not in exclude
-        ]
-    else:  # (the usual case, once per pick: the same test without the name lookup)
-        out = [
-            r
-            for r in replicas
-            if (r.health is _HEALTHY or r.health is _SUSPECT) and not r.draining and r.ejected_until_s <= now
-        ]
+    if exclude:  # (a retry: the other replicas first; the usual pick has none and skips the name test)
+        replicas = [r for r in replicas if r.name not in exclude]
+    out = [
+        r
+        for r in replicas
+        if (r.health is _HEALTHY or r.health is _SUSPECT) and not r.draining and r.ejected_until_s <= now
+    ]
     if outliers is not None and outliers.blocking and out:
         allowed = [r for r in out if outliers.allows(r.name, now)]
         if allowed:
