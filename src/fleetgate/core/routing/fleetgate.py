@@ -4,6 +4,8 @@ Assembled from pipeline parts, each with its own ``Params`` and state:
 
 1. ``filters.routable``: healthy/suspect, not draining, not ejected, not in ``exclude`` (affinity never
    overrides this, so a request is never forced onto a bad replica);
+   then, with ``tail_bound_s``, ``filters.tail_bound``: no replica whose oldest unanswered request is far
+   past its estimated first token (the estimate is wrong there; off by default);
 2. ``filters.affinity``: the request's workload key owns a bounded-load subset of replicas (the leader
    candidates), grown with the key's MU rate and rebalanced on schedule;
 3. ``scorers.ttft``: the estimated time to first token on every candidate (fluid prefill queue + own prefill
@@ -39,6 +41,7 @@ from fleetgate.core.routing.base import PolicyBase
 from fleetgate.core.routing.filters.affinity import AffinityFilter, AffinityParams
 from fleetgate.core.routing.filters.load_guard import LoadGuard, LoadGuardParams
 from fleetgate.core.routing.filters.routable import routable
+from fleetgate.core.routing.filters.tail_bound import TailBound, TailBoundParams
 from fleetgate.core.routing.gate import DispatchGate, GateParams
 from fleetgate.core.routing.outlier import OutlierDetector, OutlierParams
 from fleetgate.core.routing.parts import ScorerSpec, scorer_list
@@ -53,7 +56,9 @@ _INF = math.inf
 _NAN = math.nan
 
 
-class FleetgateParams(AffinityParams, LoadGuardParams, TtftEstimateParams, LeaderSpillParams):
+class FleetgateParams(
+    AffinityParams, LoadGuardParams, TtftEstimateParams, LeaderSpillParams, TailBoundParams
+):
     """fleetgate's default policy: the parameters of its parts (affinity, load guard, TTFT estimate,
     leader/spill picker), the dispatch gate, and the pick's own."""
 
@@ -145,6 +150,10 @@ class FleetgatePolicy(PolicyBase):
             LeaderSpillParams.model_validate(params.model_dump(include=set(LeaderSpillParams.model_fields)))
         )
         self.scorers = tuple((s, float(w)) for s, w in scorers if w > 0)
+        self.tail: TailBound | None = None
+        if params.tail_bound_s is not None:
+            tp = TailBoundParams.model_validate(params.model_dump(include=set(TailBoundParams.model_fields)))
+            self.tail = TailBound(tp, self.loads)
         self._held_depth = self.affinity.uses_held_depth  # (the key kind is fixed: read once, not per pick)
         self.scan_limit = params.scan_limit
         self._gate_mode = params.gate
@@ -194,6 +203,8 @@ class FleetgatePolicy(PolicyBase):
         cands = routable(lst, now, exclude, self.outliers)
         if not cands:
             raise no_replica_error(len(lst), request.model)
+        if self.tail is not None:
+            cands = self.tail.keep(cands, now)
         aff = self.affinity
         est = self.estimate
         guard = self.guard
@@ -453,6 +464,9 @@ class FleetgatePolicy(PolicyBase):
         est = self.estimate
         cost = est.on_dispatch(request, replica, now)
         self.guard.charge(request.request_id, replica, cost, now)
+        if self.tail is not None:
+            st = self.loads.reps.get(replica)  # the fluid queue end: when this request's prefill should end
+            self.tail.expect(request, replica, st[1] if st is not None and st[1] > now else now)
         self.affinity.record(request, replica, now, cost, est.cap_rate)
         for scorer, _ in self.scorers:
             scorer.on_dispatch(request, replica, now)
@@ -462,6 +476,8 @@ class FleetgatePolicy(PolicyBase):
 
     def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
         self.estimate.on_first_token(request, replica, now)
+        if self.tail is not None:
+            self.tail.on_first_token(request, replica, now)
         for scorer, _ in self.scorers:
             scorer.on_first_token(request, replica, now)
 
@@ -470,6 +486,8 @@ class FleetgatePolicy(PolicyBase):
             self.outliers.record(replica, ok, now)
         self.guard.on_complete(request, replica, now, cost_mu, ok)
         self.estimate.release(request.request_id)
+        if self.tail is not None:
+            self.tail.on_complete(request, replica, now, cost_mu, ok)
         for scorer, _ in self.scorers:
             scorer.on_complete(request, replica, now, cost_mu, ok)
 

@@ -20,6 +20,7 @@ from fleetgate.core.routing.filters.affinity import AffinityFilter, AffinityPara
 from fleetgate.core.routing.filters.load_guard import LoadGuard, LoadGuardParams
 from fleetgate.core.routing.filters.routable import RoutableFilter, RoutableParams
 from fleetgate.core.routing.filters.sample import RandomSampleFilter, RandomSampleParams
+from fleetgate.core.routing.filters.tail_bound import TailBound, TailBoundParams
 from fleetgate.core.routing.outlier import OutlierDetector
 from fleetgate.core.routing.pickers.max_score import MaxScoreParams, MaxScorePicker
 from fleetgate.core.routing.pickers.random import RandomPicker, RandomPickerParams
@@ -76,6 +77,7 @@ FILTERS.add("routable", RoutableParams, lambda p, ctx: RoutableFilter(ctx.outlie
 FILTERS.add("random_sample", RandomSampleParams, lambda p, ctx: RandomSampleFilter(p.k))
 FILTERS.add("affinity", AffinityParams, lambda p, ctx: AffinityFilter(p, ctx.loads, ctx.key_rates))
 FILTERS.add("load_guard", LoadGuardParams, lambda p, ctx: LoadGuard(p, ctx.loads, ctx.estimate()))
+FILTERS.add("tail_bound", TailBoundParams, lambda p, ctx: TailBound(p, ctx.loads))
 
 SCORERS.add("inflight_requests", InflightRequestsParams, lambda p, ctx: InflightRequestsScorer())
 SCORERS.add("queue_length", QueueLengthParams, lambda p, ctx: QueueLengthScorer())

@@ -1,0 +1,134 @@
+"""Tail bound: no new request for a replica whose oldest unanswered request is long past its first token.
+
+The TTFT estimate is a model (a fluid prefill queue at a learned rate); when the engine stops following it
+(KV memory full and a long prompt at the head of its queue, a replica that slowed while its learned rate
+stayed stale because it never ran a request alone again) the estimate keeps promising seconds while the
+replica's queue waits minutes, and first-token feedback corrects it only when a first token finally comes
+back. The one fact that contradicts the model as it happens is a request that is *overdue*: dispatched,
+expected to have its first token by time ``e`` (the estimate's fluid queue end on that replica after its
+dispatch), and still without one at ``now > e``. Engines prefill in arrival order, so every request sent
+there now waits behind it.
+
+The filter keeps a candidate only while its oldest unanswered request is overdue by at most
+``tail_bound_factor`` x the least overdue candidate's + ``tail_bound_s``: usually every replica is on time
+(overdue 0) and nothing is dropped; a stuck replica loses new requests, its key's affinity subset and
+its cache pull until its queue moves again, and a fleet where every replica is late keeps them all. It acts
+before the load guard, which would otherwise send requests *to* a stuck replica: it serves little, so its
+recent MU looks light against the others'.
+
+A first token answers its request and every request dispatched to that replica before it (first come,
+first served); a completion answers its own. A request whose first token is never seen (not streamed, in
+the gateway) counts until it completes, so the filter is for deployments whose traffic streams.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from fleetgate.core.plugins import PluginParams
+from fleetgate.core.routing.pipeline import PickContext, StageBase
+from fleetgate.core.routing.rates import ReplicaLoads
+from fleetgate.core.types import ReplicaSnapshot, RequestInfo
+
+
+class TailBoundParams(PluginParams):
+    """The tail bound (see ``core.routing.filters.tail_bound``); off unless ``tail_bound_s`` is set."""
+
+    tail_bound_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="Drop a replica whose oldest unanswered request is more than this many seconds (plus "
+        "`tail_bound_factor` x the least overdue candidate's) past its estimated first token. Unset: off.",
+    )
+    tail_bound_factor: float = Field(
+        default=2.0, ge=1.0, description="How far past the least overdue candidate a replica may be, x."
+    )
+
+
+class TailBound(StageBase):
+    """The filter plus its bookkeeping: per replica, the unanswered requests in dispatch order with the time
+    each was expected to have its first token."""
+
+    name = "tail_bound"
+
+    def __init__(self, params: TailBoundParams, loads: ReplicaLoads | None = None) -> None:
+        if params.tail_bound_s is None:
+            raise ValueError("tail_bound needs tail_bound_s")
+        self.params = params
+        self.slack_s = params.tail_bound_s
+        self.factor = params.tail_bound_factor
+        self.loads = loads
+        self._pending: dict[str, dict[str, float]] = {}  # replica -> request id -> expected first token
+        self._replica_of: dict[str, str] = {}
+        self.dropped = 0  # candidates dropped (all picks)
+
+    # -- the rule ------------------------------------------------------------------------------------
+
+    def overdue_s(self, replica: str, now: float) -> float:
+        """Seconds the replica's oldest unanswered request is past its expected first token (0 if none)."""
+        pending = self._pending.get(replica)
+        if not pending:
+            return 0.0
+        late = now - next(iter(pending.values()))
+        return late if late > 0.0 else 0.0
+
+    def keep(self, candidates: list[ReplicaSnapshot], now: float) -> list[ReplicaSnapshot]:
+        """The candidates within the bound (the input list itself when all are)."""
+        if not self._replica_of:
+            return candidates
+        late = [self.overdue_s(r.name, now) for r in candidates]
+        limit = self.factor * min(late) + self.slack_s
+        if max(late) <= limit:
+            return candidates
+        kept = [r for r, x in zip(candidates, late, strict=True) if x <= limit]
+        self.dropped += len(candidates) - len(kept)
+        return kept
+
+    def filter(
+        self, request: RequestInfo, candidates: list[ReplicaSnapshot], ctx: PickContext
+    ) -> list[ReplicaSnapshot]:
+        return self.keep(candidates, ctx.now)
+
+    # -- hooks ---------------------------------------------------------------------------------------
+
+    def expect(self, request: RequestInfo, replica: str, expected_s: float) -> None:
+        """Record a dispatch expected to have its first token at ``expected_s``."""
+        rid = request.request_id
+        if not rid:
+            return
+        if rid in self._replica_of:
+            self._answer(rid)  # a retry: the earlier attempt is no longer waited for
+        if len(self._replica_of) > 100_000:  # outcomes that never came back: forget them
+            self._pending.clear()
+            self._replica_of.clear()
+        pending = self._pending.get(replica)
+        if pending is None:
+            pending = self._pending[replica] = {}
+        pending[rid] = expected_s
+        self._replica_of[rid] = replica
+
+    def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
+        """As a plain pipeline filter: expect the first token at the replica's fluid queue end (the TTFT
+        estimate's, which a pipeline's ``ttft`` scorer feeds) or now."""
+        st = self.loads.reps.get(replica) if self.loads is not None else None
+        self.expect(request, replica, st[1] if st is not None and st[1] > now else now)
+
+    def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
+        pending = self._pending.get(replica)
+        rid = request.request_id
+        if pending is None or rid not in pending:
+            return
+        drop = self._replica_of.pop
+        for key in list(pending):  # first come, first served: everything dispatched before it has started
+            del pending[key]
+            drop(key, None)
+            if key == rid:
+                break
+
+    def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
+        self._answer(request.request_id)
+
+    def _answer(self, rid: str) -> None:
+        replica = self._replica_of.pop(rid, None)
+        if replica is not None:
+            self._pending[replica].pop(rid, None)

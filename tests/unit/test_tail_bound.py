@@ -1,0 +1,116 @@
+"""The tail bound (``filters.tail_bound``): a replica whose oldest unanswered request is overdue gets no new
+requests while others are on time, alone and inside fleetgate's policy (issue 20, item 3)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fleetgate.core.routing import build_policy
+from fleetgate.core.routing.filters.tail_bound import TailBound, TailBoundParams
+from fleetgate.core.routing.fleetgate import FleetgatePolicy
+from fleetgate.core.routing.pipeline import PickContext
+from fleetgate.core.routing.rates import ReplicaLoads
+from fleetgate.core.types import ReplicaSnapshot, RequestInfo
+from fleetgate.profiles import load_profile
+
+PROFILE = load_profile("llama2-70b-h100-tp4")
+
+
+def fleet(n: int) -> list[ReplicaSnapshot]:
+    return [ReplicaSnapshot(f"r{i}") for i in range(n)]
+
+
+def req(i: int, **kw: object) -> RequestInfo:
+    return RequestInfo(request_id=f"q{i}", model="m", input_tokens=1000, cost_mu=1.0, **kw)  # type: ignore[arg-type]
+
+
+def names(reps: list[ReplicaSnapshot]) -> list[str]:
+    return [r.name for r in reps]
+
+
+def test_overdue_replica_dropped_until_its_queue_moves() -> None:
+    tb = TailBound(TailBoundParams(tail_bound_s=5.0, tail_bound_factor=2.0))
+    reps = fleet(3)
+    tb.expect(req(1), "r0", 10.0)  # expected first token at t=10
+    tb.expect(req(2), "r0", 12.0)
+    tb.expect(req(3), "r1", 11.0)
+    assert tb.keep(reps, 14.0) is reps  # r0 4 s late, r1 3 s: within 0 x 2 + 5 (r2 on time)
+    assert tb.overdue_s("r0", 16.0) == pytest.approx(6.0)
+    assert names(tb.keep(reps, 16.0)) == ["r1", "r2"]  # r0 6 s late > 5
+    assert tb.dropped == 1
+    # r0's second request answers first: first come first served, so the first one has started too
+    tb.on_first_token(req(2), "r0", 16.5)
+    assert tb.overdue_s("r0", 16.5) == 0.0
+    assert names(tb.keep(reps, 16.5)) == ["r0", "r2"]  # r0 back; r1 now 5.5 s late
+    # a completion answers its own request only
+    tb.on_complete(req(3), "r1", 30.0, 1.0, True)
+    assert tb.overdue_s("r1", 30.0) == 0.0
+
+
+def test_bound_is_relative_to_the_least_overdue() -> None:
+    tb = TailBound(TailBoundParams(tail_bound_s=5.0, tail_bound_factor=2.0))
+    reps = fleet(3)
+    for i, (rep, exp) in enumerate([("r0", 0.0), ("r1", 0.0), ("r2", 0.0)]):
+        tb.expect(req(i), rep, exp)
+    tb.on_first_token(req(2), "r2", 1.0)
+    tb.expect(req(9), "r2", 10.0)
+    # at t=40: r0 and r1 40 s late, r2 30 s late: limit 2 x 30 + 5 = 65, nobody dropped (a fleet that is late)
+    assert tb.keep(reps, 40.0) is reps
+    # r2 answered: its overdue is 0, the limit 5 s, r0 and r1 dropped
+    tb.on_first_token(req(9), "r2", 40.0)
+    assert names(tb.keep(reps, 40.0)) == ["r2"]
+
+
+def test_retry_and_unknown_first_tokens() -> None:
+    tb = TailBound(TailBoundParams(tail_bound_s=1.0))
+    tb.expect(req(1), "r0", 0.0)
+    tb.expect(req(1), "r1", 5.0)  # a retry on r1: r0 no longer waits for it
+    assert tb.overdue_s("r0", 20.0) == 0.0
+    assert tb.overdue_s("r1", 20.0) == pytest.approx(15.0)
+    tb.on_first_token(req(1), "r0", 20.0)  # not pending there: ignored
+    assert tb.overdue_s("r1", 20.0) == pytest.approx(15.0)
+
+
+def test_pipeline_filter_expects_the_fluid_queue_end() -> None:
+    loads = ReplicaLoads(60.0)
+    loads.queue("r0", 4.0, 1.0)  # prefill queued there until t=5
+    tb = TailBound(TailBoundParams(tail_bound_s=2.0), loads)
+    tb.on_dispatch(req(1), "r0", 1.0)
+    tb.on_dispatch(req(2), "r1", 1.0)  # nothing queued: expected now
+    assert tb.overdue_s("r0", 6.0) == pytest.approx(1.0)
+    ctx = PickContext(3.0, random.Random(0), frozenset())
+    assert names(tb.filter(req(3), fleet(2), ctx)) == ["r0", "r1"]  # r1 2 s late: within 0 x 2 + 2
+    ctx = PickContext(4.0, random.Random(0), frozenset())
+    assert names(tb.filter(req(3), fleet(2), ctx)) == ["r0"]  # r1 3 s late, r0 on time
+
+
+def test_params_off_by_default_and_validated() -> None:
+    assert TailBoundParams().tail_bound_s is None
+    with pytest.raises(ValueError):
+        TailBound(TailBoundParams())
+    with pytest.raises(ValueError):
+        build_policy("fleetgate", {"tail_bound_s": -1.0}, profile=PROFILE)
+    p = build_policy("fleetgate", {}, profile=PROFILE)
+    assert isinstance(p, FleetgatePolicy) and p.tail is None
+
+
+def test_fleetgate_skips_a_stuck_cache_holder() -> None:
+    """The default sends a request to the replica holding its prefix; with the bound, not while that
+    replica's earlier request is long overdue (the estimate there is wrong)."""
+    reps = fleet(4)
+    rng = random.Random(0)
+    hashes = tuple(range(1, 9))
+
+    def pick_after_stall(params: dict[str, object]) -> str:
+        p = build_policy("fleetgate", params, profile=PROFILE)
+        first = req(1, prefix_hashes=hashes, prefix_block_tokens=128)
+        home = p.pick(first, reps, 0.0, rng).replica
+        p.on_dispatch(first, home, 0.0)
+        # 60 s later no first token came back from ``home``; the same prefix again
+        again = req(2, prefix_hashes=hashes, prefix_block_tokens=128)
+        return "home" if p.pick(again, reps, 60.0, rng).replica == home else "other"
+
+    assert pick_after_stall({}) == "home"
+    assert pick_after_stall({"tail_bound_s": 5.0}) == "other"
