@@ -213,7 +213,8 @@ class FleetgatePolicy(PolicyBase):
         if n == 1:
             only = cands[0]
             pmu = est.prefill_mu(request)
-            tps = est.prefill_tps or only.learned_prefill_tokens_per_s
+            # (``learned_rate_scale: relative``: one replica is its own median, so the MU rate applies)
+            tps = None if est.relative else est.prefill_tps or only.learned_prefill_tokens_per_s
             est.memo = (request, only.name, pmu, _cap(only), est.prefill_s(request, pmu, _cap(only), tps))
             return RouteDecision(only.name, reason="fleetgate:only")
         depths, deepest = est.depths(request)
@@ -264,6 +265,8 @@ class FleetgatePolicy(PolicyBase):
         # else per replica, the learned rate when the snapshot has one).
         sec_per_mu = 1.0 / (spt * tps) if tps and spt > 0 else 0.0
         per_replica_rate = tps is None
+        # ``learned_rate_scale: relative``: seconds per MU are the MU rate's times median / own learned rate.
+        rel_ref = (pool.median or 0.0) if est.relative and pool is not None else 0.0
         if per_replica_rate and not est.learned_seen:
             # (asked before the loop, which the load guard leaves early for a replica it drops)
             for r in cands:
@@ -377,7 +380,12 @@ class FleetgatePolicy(PolicyBase):
                         lt = r.learned_prefill_tokens_per_s
                         if pool is not None:
                             lt = pool.rate(lt)
-                        sec_per_mu = 1.0 / (spt * lt) if lt and spt > 0 else 0.0
+                        if not lt or spt <= 0:
+                            sec_per_mu = 0.0
+                        elif est.relative:
+                            sec_per_mu = rel_ref / (lt * cap)
+                        else:
+                            sec_per_mu = 1.0 / (spt * lt)
                     # Time to first token: prefill queued ahead (virtual finish time) + own uncached prefill.
                     if st is None:
                         wait = 0.0
@@ -429,12 +437,9 @@ class FleetgatePolicy(PolicyBase):
         cached_blocks = depths.get(name, 0) if depths else 0
         cached = min(cached_blocks * bt, inp)
         pmu = full - save_per_token * cached
-        if per_replica_rate:
-            lt = rep.learned_prefill_tokens_per_s
-            if pool is not None:
-                lt = pool.rate(lt)
-            sec_per_mu = 1.0 / (spt * lt) if lt and spt > 0 else 0.0
         cap = _cap(rep)
+        if per_replica_rate:
+            sec_per_mu = est.sec_per_mu(est.learned_rate(rep), spt, cap)
         est.memo = (request, name, pmu, cap, pmu * sec_per_mu if sec_per_mu else pmu / cap)
         return RouteDecision(
             name,

@@ -104,6 +104,15 @@ class TtftEstimateParams(PluginParams):
         "replica's own rate. Not used with `prefill_tokens_per_s`.",
     )
 
+    learned_rate_scale: Literal["seconds", "relative"] = Field(
+        default="seconds",
+        description="How a learned prefill rate enters the estimate: `seconds`, uncached prompt tokens / "
+        "the rate; `relative`, the cost profile's prefill MU / the replica's MU rate (the scale replicas "
+        "without a learned rate are on) times the median learned rate over the candidates / the "
+        "replica's (pooled per `learned_rate_noise`; a replica not learned yet counts as the median), so "
+        "learned rates only say which replica is faster. Not used with `prefill_tokens_per_s`.",
+    )
+
     _switch = field_validator("first_token_feedback", mode="before")(switch)
 
 
@@ -204,10 +213,12 @@ class TtftEstimate(StageBase):
         self.engine_queue = params.engine_queue
         self.engine_queue_kv = params.engine_queue_kv
         self.cache_tokens_per_replica = params.cache_tokens_per_replica
+        #: ``learned_rate_scale: relative``: learned rates scale the MU seconds by the pool's median / own.
+        self.relative = params.learned_rate_scale == "relative" and params.prefill_tokens_per_s is None
         #: Learned rates shrunk toward the median (``None``: each replica's own rate, or a configured one).
         self.pool: PooledRates | None = (
             PooledRates(params.learned_rate_noise)
-            if params.learned_rate_noise > 1.0 and params.prefill_tokens_per_s is None
+            if (params.learned_rate_noise > 1.0 or self.relative) and params.prefill_tokens_per_s is None
             else None
         )
         self.loads = loads if loads is not None else ReplicaLoads(60.0)
@@ -260,6 +271,16 @@ class TtftEstimate(StageBase):
         whole = self.gamma + absolute + self.beta * out
         return request.cost_mu * absolute / whole if whole > 0 else 0.0
 
+    def sec_per_mu(self, rate: float | None, spt: float, cap: float) -> float:
+        """Seconds per prefill MU on a replica whose (pooled) learned rate is ``rate`` tokens/s and MU rate
+        ``cap`` (``spt``: the request's MU per prompt token); 0 when the MU rate applies as it is."""
+        if not rate or spt <= 0:
+            return 0.0
+        if self.relative:
+            med = self.pool.median if self.pool is not None else None
+            return med / (rate * cap) if med else 0.0
+        return 1.0 / (spt * rate)
+
     def prefill_s(self, request: RequestInfo, pre_mu: float, cap: float, tps: float | None = None) -> float:
         """Seconds of prefill for ``pre_mu`` (engine rate ``tps`` or the configured one, else the MU rate)."""
         if tps is None:
@@ -298,12 +319,12 @@ class TtftEstimate(StageBase):
             cap = r.capacity_mu_per_min / 60.0
             if cap <= 0.0:
                 cap = 1e-9
-            tps = self.prefill_tps or (
-                r.learned_prefill_tokens_per_s if pool is None else pool.rate(r.learned_prefill_tokens_per_s)
-            )
             if r.learned_prefill_tokens_per_s:
                 self.learned_seen = True
-            sec_per_mu = 1.0 / (spt * tps) if tps and spt > 0 else 0.0
+            if self.prefill_tps:
+                sec_per_mu = 1.0 / (spt * self.prefill_tps) if spt > 0 else 0.0
+            else:
+                sec_per_mu = self.sec_per_mu(self.learned_rate(r), spt, cap)
             st = reps.get(r.name)
             wait = 0.0 if st is None else (st[1] - now if st[1] > now else 0.0)
             wait = self._engine_queue_wait(r, wait, sec_per_mu, cap)
@@ -342,8 +363,15 @@ class TtftEstimate(StageBase):
         cap = replica.capacity_mu_per_min / 60.0
         if cap <= 0.0:
             cap = 1e-9
-        tps = self.prefill_tps or self.learned_rate(replica)
-        self.memo = (request, replica.name, pre_mu, cap, self.prefill_s(request, pre_mu, cap, tps))
+        if self.relative:
+            full = self.prefill_mu(request)
+            spt = full / request.input_tokens if request.input_tokens > 0 else 0.0
+            spm = self.sec_per_mu(self.learned_rate(replica), spt, cap)
+            pre_s = pre_mu * spm if spm else pre_mu / cap
+        else:
+            tps = self.prefill_tps or self.learned_rate(replica)
+            pre_s = self.prefill_s(request, pre_mu, cap, tps)
+        self.memo = (request, replica.name, pre_mu, cap, pre_s)
 
     def learned_rate(self, replica: ReplicaSnapshot) -> float | None:
         """The learned prefill rate the estimate uses for ``replica`` (pooled per ``learned_rate_noise``; the
