@@ -10,9 +10,11 @@ dispatch), and still without one at ``now > e``. Engines prefill in arrival orde
 there now waits behind it.
 
 The filter keeps a candidate only while its oldest unanswered request is overdue by at most
-``tail_bound_factor`` x the least overdue candidate's + ``tail_bound_s``: usually every replica is on time
+``tail_bound_factor`` x the candidates' median overdue + ``tail_bound_s``: usually every replica is on time
 (overdue 0) and nothing is dropped; a stuck replica loses new requests, its key's affinity subset and
-its cache pull until its queue moves again, and a fleet where every replica is late keeps them all. It acts
+its cache pull until its queue moves again, and a fleet where most replicas are late keeps them (the
+median, not the least overdue: with the least, one replica that had just answered drew every request of an
+overloaded fleet onto itself: docs/benchmarks.md, "Session 9"). It acts
 before the load guard, which would otherwise send requests *to* a stuck replica: it serves little, so its
 recent MU looks light against the others'.
 
@@ -31,6 +33,12 @@ from fleetgate.core.routing.rates import ReplicaLoads
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
 class TailBoundParams(PluginParams):
     """The tail bound (see ``core.routing.filters.tail_bound``); off unless ``tail_bound_s`` is set."""
 
@@ -38,10 +46,10 @@ class TailBoundParams(PluginParams):
         default=None,
         ge=0,
         description="Drop a replica whose oldest unanswered request is more than this many seconds (plus "
-        "`tail_bound_factor` x the least overdue candidate's) past its estimated first token. Unset: off.",
+        "`tail_bound_factor` x the candidates' median overdue) past its estimated first token. Unset: off.",
     )
     tail_bound_factor: float = Field(
-        default=2.0, ge=1.0, description="How far past the least overdue candidate a replica may be, x."
+        default=2.0, ge=1.0, description="How far past the candidates' median overdue a replica may be, x."
     )
 
 
@@ -77,8 +85,11 @@ class TailBound(StageBase):
         if not self._replica_of:
             return candidates
         late = [self.overdue_s(r.name, now) for r in candidates]
-        limit = self.factor * min(late) + self.slack_s
-        if max(late) <= limit:
+        top = max(late)
+        if top <= self.slack_s:
+            return candidates
+        limit = self.factor * _median(late) + self.slack_s
+        if top <= limit:
             return candidates
         kept = [r for r, x in zip(candidates, late, strict=True) if x <= limit]
         self.dropped += len(candidates) - len(kept)
