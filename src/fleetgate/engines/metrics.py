@@ -112,6 +112,8 @@ class EngineSignals:
     prefill_seconds: float | None = None
     decode_tokens: float | None = None
     decode_seconds: float | None = None
+    #: ``waiting`` counts requests waiting for a sequence slot only (the dialect's ``waiting_for_slots``)
+    waiting_for_slots: bool = False
 
 
 def _total(parsed: Mapping[str, Sequence[Sample]], *names: str) -> float | None:
@@ -161,6 +163,7 @@ def engine_signals(
         prefill_seconds=_total(parsed, *names.prefill_seconds),
         decode_tokens=_total(parsed, *names.decode_tokens),
         decode_seconds=_total(parsed, *names.decode_seconds),
+        waiting_for_slots=names.waiting_for_slots,
     )
 
 

@@ -1,8 +1,9 @@
 """Shell of the online engine-rate learner (``core.engine_rates``): counters in, metrics and warnings out.
 
 The learner itself is a lifecycle observer of its deployment (dispatch, first token, completion). This shell
-is the scraper listener: each scrape's work counters go to the replica's deployment learner, then the
-learned rates and the profile drift are exported per replica and a drift alert becomes one warning line.
+is the scraper listener: each scrape's work counters and queue gauges (requests waiting and running) go to
+the replica's deployment learner, then the learned rates and the profile drift are exported per replica and
+a drift alert becomes one warning line.
 """
 
 from __future__ import annotations
@@ -89,7 +90,13 @@ class EngineRateListener:
         learner = self.learner_for(target.deployment)
         if learner is None:
             return
-        learner.on_counters(target.name, self.clock(), counters_from(signals))
+        now = self.clock()
+        learner.on_counters(target.name, now, counters_from(signals))
+        if signals is None:
+            learner.on_engine_load(target.name, now, None, None, False)
+        else:
+            s = signals
+            learner.on_engine_load(target.name, now, s.waiting, s.running, s.waiting_for_slots)
         if self.metrics is not None:
             self.metrics.publish(target.deployment, target.name, learner.rates(target.name))
         for alert in learner.take_alerts():

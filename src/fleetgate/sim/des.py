@@ -447,6 +447,9 @@ class Simulator:
         on_arrival = self._on_arrival
         handle = self._handle_outputs
         reschedule = self._reschedule
+        # the scraped queue gauges to the rate learner, as the gateway's scrape listener passes them (the
+        # simulated engine is vLLM-like: its waiting requests may wait for KV memory, not only for a slot)
+        engine_load = self.rates.on_engine_load
         while True:
             if nxt < n:
                 if heap:
@@ -466,6 +469,7 @@ class Simulator:
                     if scrape_iv <= 0:
                         for r in self.replicas:
                             r.scrape()
+                            engine_load(r.name, t, r.scraped_waiting, r.scraped_running, False)
                     on_arrival(idx, t)
                     arrived += 1
                     if progress is not None and arrived % every == 0:
@@ -488,6 +492,7 @@ class Simulator:
                 for r in self.replicas:
                     if r.state != ReplicaState.STOPPED:
                         r.scrape()
+                        engine_load(r.name, t, r.scraped_waiting, r.scraped_running, False)
                 if arrived < n:
                     self._push(t + scrape_iv, SCRAPE_TICK, None)
             elif kind == REPLICA_READY:

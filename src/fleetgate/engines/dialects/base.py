@@ -33,6 +33,9 @@ class MetricNames:
 
     prefix: str | None = None  #: every series of this engine starts with it (detection); None: never detected
     waiting: tuple[str, ...] = ()
+    #: the waiting requests wait for a free sequence slot only, never for KV memory (llama.cpp splits its
+    #: context over the slots up front), so a finished request always admits the next (``core.engine_rates``)
+    waiting_for_slots: bool = False
     running: tuple[str, ...] = ()
     kv_usage: tuple[str, ...] = ()  #: the fullest rank is taken (vLLM labels data-parallel ranks)
     prefix_queries: tuple[str, ...] = ()  #: cumulative prompt tokens looked up in the prefix cache

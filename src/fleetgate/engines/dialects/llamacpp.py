@@ -8,6 +8,7 @@ LLAMACPP = EngineDialect(
     metrics=MetricNames(
         prefix="llamacpp:",
         waiting=("llamacpp:requests_deferred",),
+        waiting_for_slots=True,  # a deferred request waits for a slot (each has --ctx-size / --parallel)
         running=("llamacpp:requests_processing",),
         kv_usage=("llamacpp:kv_cache_usage_ratio",),
         # prompt_tokens_total counts the evaluated prompt tokens only ("excluding cached tokens"): the tokens
