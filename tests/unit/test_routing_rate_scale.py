@@ -86,3 +86,26 @@ def test_relative_speed_and_unlearned_replicas_on_one_scale() -> None:
     assert name == "fast" and t == pytest.approx(mu_s / 4)
     p.on_dispatch(req, name, 0.0)
     assert p.loads.reps["fast"][1] == pytest.approx(mu_s / 4)
+
+
+def test_learned_and_unlearned_replicas_of_one_speed_share_the_load_on_one_scale() -> None:
+    """Two replicas of the profile's speed, one with a learned rate (exactly that speed) and one without:
+    with ``seconds`` the unlearned one is charged the MU seconds, which carry the decode term, so it looks
+    slower and gets fewer requests; with ``relative`` both are on the MU scale and split evenly."""
+    tps = 100.0 / 60.0 / PROFILE.alpha
+    replicas = [snap("learned", tps), snap("unlearned", None)]
+
+    def split(p: FleetgatePolicy) -> dict[str, int]:
+        got = {"learned": 0, "unlearned": 0}
+        rng = random.Random(0)
+        for i in range(60):
+            req = request(100 + i, output=2000)
+            d = p.pick(req, replicas, 0.0, rng)
+            p.on_dispatch(req, d.replica, 0.0)
+            got[d.replica] += 1
+        return got
+
+    seconds = split(policy())
+    relative = split(policy(learned_rate_scale="relative"))
+    assert seconds["learned"] > seconds["unlearned"] + 5  # (36 / 24 here)
+    assert abs(relative["learned"] - relative["unlearned"]) <= 1
