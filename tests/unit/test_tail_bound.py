@@ -117,3 +117,32 @@ def test_fleetgate_skips_a_stuck_cache_holder() -> None:
 
     assert pick_after_stall({}) == "home"
     assert pick_after_stall({"tail_bound_s": 5.0}) == "other"
+
+
+def test_keep_share_keeps_a_late_replica_that_holds_the_prompt() -> None:
+    tb = TailBound(TailBoundParams(tail_bound_s=5.0, tail_bound_keep_share=0.5))
+    reps = fleet(5)
+    tb.expect(req(1), "r0", 0.0)
+    tb.expect(req(2), "r1", 0.0)
+    held = {"r0": 4, "r1": 1}  # blocks of 128 tokens expected cached: r0 512 of 1000 tokens, r1 128
+
+    def depths(request: RequestInfo) -> tuple[dict[str, int], frozenset[str]]:
+        return held, frozenset({"r0"})
+
+    ask = req(3, prefix_block_tokens=128)
+    assert names(tb.keep(reps, 60.0)) == ["r2", "r3", "r4"]  # r0 and r1 60 s late, the median 0
+    assert names(tb.keep(reps, 60.0, ask, depths)) == ["r0", "r2", "r3", "r4"]  # r0 holds half of it
+    with pytest.raises(ValueError):
+        TailBoundParams(tail_bound_s=5.0, tail_bound_keep_share=0.0)
+
+
+def test_fleetgate_keep_share_stays_with_a_session_holder() -> None:
+    reps = fleet(4)
+    rng = random.Random(0)
+    hashes = tuple(range(1, 9))  # 8 blocks of 128 tokens: the whole 1000-token prompt
+    p = build_policy("fleetgate", {"tail_bound_s": 5.0, "tail_bound_keep_share": 0.5}, profile=PROFILE)
+    first = req(1, prefix_hashes=hashes, prefix_block_tokens=128)
+    home = p.pick(first, reps, 0.0, rng).replica
+    p.on_dispatch(first, home, 0.0)
+    again = req(2, prefix_hashes=hashes, prefix_block_tokens=128)
+    assert p.pick(again, reps, 60.0, rng).replica == home

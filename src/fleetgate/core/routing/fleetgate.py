@@ -203,12 +203,12 @@ class FleetgatePolicy(PolicyBase):
         cands = routable(lst, now, exclude, self.outliers)
         if not cands:
             raise no_replica_error(len(lst), request.model)
-        if self.tail is not None:
-            cands = self.tail.keep(cands, now)
         aff = self.affinity
         est = self.estimate
         guard = self.guard
         aff.observe(lst, cands, not exclude)
+        if self.tail is not None:
+            cands = self.tail.keep(cands, now, request, est.depths)
         n = len(cands)
         if n == 1:
             only = cands[0]

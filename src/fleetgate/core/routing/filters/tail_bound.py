@@ -25,6 +25,9 @@ the gateway) counts until it completes, so the filter is for deployments whose t
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
+
 from pydantic import Field
 
 from fleetgate.core.plugins import PluginParams
@@ -51,6 +54,13 @@ class TailBoundParams(PluginParams):
     tail_bound_factor: float = Field(
         default=2.0, ge=1.0, description="How far past the candidates' median overdue a replica may be, x."
     )
+    tail_bound_keep_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="A replica expected to hold at least this share of the prompt is kept however late (a "
+        "session's context: moving it re-prefills it). Unset: none kept.",
+    )
 
 
 class TailBound(StageBase):
@@ -65,6 +75,7 @@ class TailBound(StageBase):
         self.params = params
         self.slack_s = params.tail_bound_s
         self.factor = params.tail_bound_factor
+        self.keep_share = params.tail_bound_keep_share
         self.loads = loads
         self._pending: dict[str, dict[str, float]] = {}  # replica -> request id -> expected first token
         self._replica_of: dict[str, str] = {}
@@ -80,8 +91,16 @@ class TailBound(StageBase):
         late = now - next(iter(pending.values()))
         return late if late > 0.0 else 0.0
 
-    def keep(self, candidates: list[ReplicaSnapshot], now: float) -> list[ReplicaSnapshot]:
-        """The candidates within the bound (the input list itself when all are)."""
+    def keep(
+        self,
+        candidates: list[ReplicaSnapshot],
+        now: float,
+        request: RequestInfo | None = None,
+        depths: Callable[[RequestInfo], tuple[Mapping[str, int] | None, object]] | None = None,
+    ) -> list[ReplicaSnapshot]:
+        """The candidates within the bound (the input list itself when all are). With
+        ``tail_bound_keep_share``, ``depths(request)`` (the TTFT estimate's expected cached blocks per
+        replica) names the replicas that hold that share of the prompt, kept whatever their overdue."""
         if not self._replica_of:
             return candidates
         late = [self.overdue_s(r.name, now) for r in candidates]
@@ -91,7 +110,18 @@ class TailBound(StageBase):
         limit = self.factor * _median(late) + self.slack_s
         if top <= limit:
             return candidates
-        kept = [r for r, x in zip(candidates, late, strict=True) if x <= limit]
+        share = self.keep_share
+        held: Mapping[str, int] | None = None
+        need = 0
+        if share is not None and request is not None and depths is not None and request.input_tokens > 0:
+            held = depths(request)[0]
+            need = math.ceil(share * request.input_tokens / max(request.prefix_block_tokens, 1))
+        if held:
+            kept = [
+                r for r, x in zip(candidates, late, strict=True) if x <= limit or held.get(r.name, 0) >= need
+            ]
+        else:
+            kept = [r for r, x in zip(candidates, late, strict=True) if x <= limit]
         self.dropped += len(candidates) - len(kept)
         return kept
 
