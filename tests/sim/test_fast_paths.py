@@ -49,7 +49,7 @@ def test_sorted_history_matches_output_history(seed: int) -> None:
 
 
 def test_frozen_builder_objects_equal_the_dataclass_own() -> None:
-    a = request_info("r1", "m", "t", 100, 30, 1.5, (1, 2), 512, None, 3.0)
+    a = request_info("r1", "m", "t", 100, 30, 1.5, (1, 2), 512, None, 3.0, True)
     b = RequestInfo(
         request_id="r1",
         model="m",
@@ -61,6 +61,7 @@ def test_frozen_builder_objects_equal_the_dataclass_own() -> None:
         prefix_block_tokens=512,
         session_key=None,
         arrival_s=3.0,
+        stream=True,
     )
     assert a == b and hash(a) == hash(b) and repr(a) == repr(b) and type(a) is RequestInfo
     with pytest.raises(AttributeError):

@@ -22,8 +22,15 @@ def fleet(n: int) -> list[ReplicaSnapshot]:
     return [ReplicaSnapshot(f"r{i}") for i in range(n)]
 
 
-def req(i: int, **kw: object) -> RequestInfo:
-    return RequestInfo(request_id=f"q{i}", model="m", input_tokens=1000, cost_mu=1.0, **kw)  # type: ignore[arg-type]
+def req(i: int, stream: bool = True, **kw: object) -> RequestInfo:
+    return RequestInfo(
+        request_id=f"q{i}",
+        model="m",
+        input_tokens=1000,
+        cost_mu=1.0,
+        stream=stream,
+        **kw,  # type: ignore[arg-type]
+    )
 
 
 def names(reps: list[ReplicaSnapshot]) -> list[str]:
@@ -64,6 +71,14 @@ def test_bound_is_relative_to_the_fleets_median() -> None:
     tb.expect(req(12), "r2", 90.0)
     # at t=100: r0 100 s late, r1 and r2 10 s, r3 on time: median 10, limit 25
     assert names(tb.keep(reps, 100.0)) == ["r1", "r2", "r3"]
+
+
+def test_requests_not_streamed_are_not_waited_for() -> None:
+    """The gateway reports a first token only for streamed requests: another one never counts as late."""
+    tb = TailBound(TailBoundParams(tail_bound_s=1.0))
+    tb.expect(req(1, stream=False), "r0", 0.0)
+    assert tb.overdue_s("r0", 100.0) == 0.0
+    assert tb.keep(fleet(3), 100.0) == fleet(3)
 
 
 def test_retry_and_unknown_first_tokens() -> None:

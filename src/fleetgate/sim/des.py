@@ -275,6 +275,7 @@ class Simulator:
             tr.block_tokens,
             tr.session,
             tr.arrival_s,
+            True,
         )
 
     def _on_arrival(self, idx: int, now: float) -> None:

@@ -82,7 +82,8 @@ _snapshot = frozen_builder(
     ),
 )
 _NOT_LEARNED = LearnedRates()
-#: ``RequestInfo`` of a trace request, positional in this order (see ``Simulator._on_arrival``).
+#: ``RequestInfo`` of a trace request, positional in this order (see ``Simulator._on_arrival``); every
+#: simulated request is streamed (its first token is reported, as the gateway reports a streamed one's).
 request_info = frozen_builder(
     RequestInfo,
     (
@@ -96,6 +97,7 @@ request_info = frozen_builder(
         "prefix_block_tokens",
         "session_key",
         "arrival_s",
+        "stream",
     ),
 )
 #: ``EngineRequest(request_id, input_tokens, max_output_tokens, block_hashes, priority, hash_block_tokens)``.

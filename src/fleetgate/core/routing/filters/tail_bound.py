@@ -19,8 +19,8 @@ before the load guard, which would otherwise send requests *to* a stuck replica:
 recent MU looks light against the others'.
 
 A first token answers its request and every request dispatched to that replica before it (first come,
-first served); a completion answers its own. A request whose first token is never seen (not streamed, in
-the gateway) counts until it completes, so the filter is for deployments whose traffic streams.
+first served); a completion answers its own. Only streamed requests (``RequestInfo.stream``) are waited
+for: the gateway reports no first token for the others, which would look unanswered until they complete.
 """
 
 from __future__ import annotations
@@ -133,10 +133,10 @@ class TailBound(StageBase):
     # -- hooks ---------------------------------------------------------------------------------------
 
     def expect(self, request: RequestInfo, replica: str, expected_s: float) -> None:
-        """Record a dispatch expected to have its first token at ``expected_s``."""
+        """Record a dispatch expected to have its first token at ``expected_s`` (streamed requests only)."""
         rid = request.request_id
-        if not rid:
-            return
+        if not rid or not request.stream:
+            return  # only a streamed request reports its first token (the gateway's ``first_token``)
         if rid in self._replica_of:
             self._answer(rid)  # a retry: the earlier attempt is no longer waited for
         if len(self._replica_of) > 100_000:  # outcomes that never came back: forget them
