@@ -215,11 +215,18 @@ class _FleetCollector(Collector):
             "Requests the dispatch gate has held since start (released ones included).",
             labels=["deployment"],
         )
+        tail_dropped = CounterMetricFamily(
+            "fleetgate_tail_bound_dropped",
+            "Candidate replicas the routing policy's tail bound set aside since start (a replica whose "
+            "oldest unanswered request was far past its estimated first token), one per pick.",
+            labels=["deployment"],
+        )
         for dep in self._fleet.deployments.values():
             gate = dep.policy.gate
             if gate is not None:
                 held.add_metric([dep.model], len(gate))
                 held_total.add_metric([dep.model], gate.held_total)
+            tail_dropped.add_metric([dep.model], dep.policy.tail_bound_drops())
         for deployment, replica in self._fleet.replicas():
             key = [deployment.model, replica.name]
             inflight.add_metric(key, replica.inflight_requests)
@@ -236,3 +243,4 @@ class _FleetCollector(Collector):
             if replica.engine_prefix_hit_rate is not None:
                 hits.add_metric(key, replica.engine_prefix_hit_rate)
         yield from (inflight, inflight_mu, healthy, waiting, running, kv, hits, held, held_total)
+        yield tail_dropped

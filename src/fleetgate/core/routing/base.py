@@ -62,6 +62,10 @@ class RoutingPolicy(Protocol):
         """The request's expected prefill seconds (the gate's shortest-first order)."""
         ...
 
+    def tail_bound_drops(self) -> int:
+        """Candidate replicas its tail bound (``filters.tail_bound``) dropped since start; 0 without one."""
+        ...
+
 
 class PolicyBase:
     """No-op defaults for the optional parts of ``RoutingPolicy``: hooks that ignore their event, no gate."""
@@ -86,3 +90,6 @@ class PolicyBase:
 
     def gate_prefill_s(self, request: RequestInfo) -> float:
         return 0.0
+
+    def tail_bound_drops(self) -> int:
+        return 0

@@ -189,6 +189,9 @@ class FleetgatePolicy(PolicyBase):
         shortest-first order)."""
         return self.estimate.gate_prefill_s(request)
 
+    def tail_bound_drops(self) -> int:
+        return self.tail.dropped if self.tail is not None else 0
+
     # -- pick ----------------------------------------------------------------------------------------
 
     def pick(
