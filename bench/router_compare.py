@@ -37,10 +37,13 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import platform
+import random
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -141,6 +144,9 @@ class Setup:
     policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     engine: str = "sim"  # "sim" (fleetgate engine sim) or "llama" (llama-server, tiny model)
     llama: LlamaFleet = field(default_factory=LlamaFleet)
+    speed_noise: float = 0.0  # sim engines: log-sd of each replica's speed, redrawn every speed_period_s
+    speed_period_s: float = 10.0
+    speed_seed: int = 0
 
     @property
     def model(self) -> str:
@@ -215,6 +221,52 @@ def start_router(
     return proc, base, f"http://127.0.0.1:{mport}/metrics"
 
 
+class SpeedWander:
+    """Sim engines whose speed wanders during a replay, as ``sim.speed``'s ``noise`` does in the simulator:
+    every ``period_s`` each replica gets a speed ``exp(noise * z)`` (z seeded by seed, replica, period, so
+    every contender sees the same schedule), applied through the engine's own ``slow`` fault
+    (``POST /admin/fault``, factor 1 / speed). The router is told nothing."""
+
+    def __init__(self, urls: Sequence[str], noise: float, period_s: float, seed: int) -> None:
+        self.urls, self.noise, self.period_s, self.seed = list(urls), noise, period_s, seed
+        self.applied: list[list[float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def speeds(self, k: int) -> list[float]:
+        return [
+            round(math.exp(self.noise * random.Random(f"{self.seed}:{i}:{k}").gauss(0.0, 1.0)), 3)
+            for i in range(len(self.urls))
+        ]
+
+    def _apply(self, k: int) -> None:
+        speeds = self.speeds(k)
+        for url, v in zip(self.urls, speeds, strict=True):
+            body = json.dumps({"kind": "slow", "value": 1.0 / v}).encode()
+            req = urllib.request.Request(
+                url + "/admin/fault", data=body, headers={"Content-Type": "application/json"}
+            )
+            with contextlib.suppress(OSError), urllib.request.urlopen(req, timeout=3):
+                pass
+        self.applied.append(speeds)
+
+    def _loop(self) -> None:
+        t0, k = time.monotonic(), 1
+        while not self._stop.wait(max(0.0, t0 + k * self.period_s - time.monotonic())):
+            self._apply(k)
+            k += 1
+
+    def start(self) -> SpeedWander:
+        self._apply(0)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[list[float]]:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.applied
+
+
 def run_one(
     contender: str,
     planned: Sequence[PlannedRequest],
@@ -250,9 +302,18 @@ def run_one(
         watch = None
         if watch_s > 0 and router_metrics and contender.startswith("fleetgate:"):
             watch = GatewayWatch(router_metrics, watch_s).start()
+        wander = None
+        if setup.speed_noise > 0 and setup.engine == "sim":
+            urls = [e.url for e in engines if e.url]
+            wander = SpeedWander(urls, setup.speed_noise, setup.speed_period_s, setup.speed_seed).start()
         t0 = time.monotonic()
-        report = asyncio.run(run_replay(planned, opts))
+        try:
+            report = asyncio.run(run_replay(planned, opts))
+        finally:
+            speeds = wander.stop() if wander is not None else None
         report["run_wall_s"] = round(time.monotonic() - t0, 1)
+        if speeds is not None:
+            report["engine_speeds"] = speeds
         if watch is not None:
             report["gateway_watch"] = watch.stop()
         report["router_counters"] = _router_counters(router_metrics)
@@ -503,6 +564,12 @@ def main() -> None:
         "--watch-gateway", type=float, default=0.0, metavar="S",
         help="Sample fleetgate gateways' per-replica learned prefill rate and requests every S seconds.",
     )  # fmt: skip
+    ap.add_argument(
+        "--speed-noise", type=float, default=0.0,
+        help="sim engines: each replica's speed wanders, exp(N * z) redrawn every --speed-period s "
+        "(applied with the engine's slow fault; the same schedule for every contender).",
+    )  # fmt: skip
+    ap.add_argument("--speed-period", type=float, default=10.0, help="Seconds between speed redraws.")
     ap.add_argument("--no-pin", action="store_true")
     ap.add_argument("--quick", action="store_true", help="Smoke run: 240 requests, no calibration.")
     ap.add_argument("--out", type=Path, default=None, help="Write all results as JSON here.")
@@ -546,6 +613,9 @@ def main() -> None:
             cache_reuse=args.llama_cache_reuse,
             slot_prompt_similarity=args.llama_slot_similarity,
         ),
+        speed_noise=args.speed_noise,
+        speed_period_s=args.speed_period,
+        speed_seed=args.seed,
     )
     if args.engine == "llama":
         # What an operator knows from the flags: the cache size. The prefill rate is learned online.
@@ -598,6 +668,8 @@ def main() -> None:
             "repeats": args.repeats,
             "seed": args.seed,
             "engine_time_scale": args.engine_time_scale if args.engine == "sim" else None,
+            "speed_noise": args.speed_noise,
+            "speed_period_s": args.speed_period,
             "engine_profile": ENGINE_PROFILE["perf"] if args.engine == "sim" else None,
             "policy_params": setup.policy_params,
             "tokens_scale": args.tokens_scale,
