@@ -341,7 +341,7 @@ def _router_counters(url: str | None) -> dict[str, float]:
         if line.startswith("#") or not line.strip():
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if "prefix_routing_decisions" in name or "kv_routing_inputs" in name or "retries" in name:
+        if any(k in name for k in ("prefix_routing_decisions", "kv_routing_inputs", "retries", "tail_bound")):
             out[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
     return out
 
