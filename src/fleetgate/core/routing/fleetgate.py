@@ -472,9 +472,8 @@ class FleetgatePolicy(PolicyBase):
         est = self.estimate
         cost = est.on_dispatch(request, replica, now)
         self.guard.charge(request.request_id, replica, cost, now)
-        if self.tail is not None:
-            st = self.loads.reps.get(replica)  # the fluid queue end: when this request's prefill should end
-            self.tail.expect(request, replica, st[1] if st is not None and st[1] > now else now)
+        if self.tail is not None:  # (after the estimate: it expects the first token at the fluid queue end)
+            self.tail.on_dispatch(request, replica, now)
         self.affinity.record(request, replica, now, cost, est.cap_rate)
         for scorer, _ in self.scorers:
             scorer.on_dispatch(request, replica, now)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from statistics import median
 
 from pydantic import Field
 
@@ -34,12 +35,6 @@ from fleetgate.core.plugins import PluginParams
 from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.routing.rates import ReplicaLoads
 from fleetgate.core.types import ReplicaSnapshot, RequestInfo
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
 
 class TailBoundParams(PluginParams):
@@ -107,7 +102,7 @@ class TailBound(StageBase):
         top = max(late)
         if top <= self.slack_s:
             return candidates
-        limit = self.factor * _median(late) + self.slack_s
+        limit = self.factor * median(late) + self.slack_s
         if top <= limit:
             return candidates
         share = self.keep_share
