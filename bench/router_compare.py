@@ -37,10 +37,8 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
-import math
 import os
 import platform
-import random
 import sys
 import tempfile
 import threading
@@ -61,6 +59,8 @@ from router_repeats import markdown as repeats_markdown
 from fleetgate.bench.prompts import PromptSynth
 from fleetgate.bench.replay import PlannedRequest, ReplayOptions, plan_requests, run_replay
 from fleetgate.engines.llama import default_binary
+from fleetgate.sim.des import SimConfig
+from fleetgate.sim.speed import SpeedVariation
 from fleetgate.sim.traces import default_traces_dir, load_trace
 
 __all__ = ["ENGINE_PROFILE", "LLAMA_MODEL", "LlamaFleet", "engine_facts"]  # router_compare_sim uses them
@@ -152,6 +152,9 @@ class Setup:
     def model(self) -> str:
         return LLAMA_MODEL if self.engine == "llama" else MODEL
 
+    def speed_variation(self) -> SpeedVariation:
+        return SpeedVariation(noise=self.speed_noise, period_s=self.speed_period_s, seed=self.speed_seed)
+
 
 def start_engines(setup: Setup, tag: str) -> list[Proc]:
     if setup.engine == "llama":
@@ -222,22 +225,23 @@ def start_router(
 
 
 class SpeedWander:
-    """Sim engines whose speed wanders during a replay, as ``sim.speed``'s ``noise`` does in the simulator:
-    every ``period_s`` each replica gets a speed ``exp(noise * z)`` (z seeded by seed, replica, period, so
-    every contender sees the same schedule), applied through the engine's own ``slow`` fault
-    (``POST /admin/fault``, factor 1 / speed). The router is told nothing."""
+    """Sim engines whose speed wanders during a replay, on exactly the simulator's schedule: replica i runs
+    period k (``[k * period_s, (k + 1) * period_s)`` from the replay's start) at ``variation.schedule(
+    names[i], k + 1)[k]`` (``sim.speed.SpeedVariation``: ``exp(noise * z)``, seeded by seed and the
+    simulator's name for replica i), so ``router_compare_sim.py --from-live`` replays the same speeds. Applied
+    through the engine's own ``slow`` fault (``POST /admin/fault``, factor 1 / speed: the engine clock, so
+    prefill and decode both, as ``SpeedVaryingEngine`` does). The router is told nothing."""
 
-    def __init__(self, urls: Sequence[str], noise: float, period_s: float, seed: int) -> None:
-        self.urls, self.noise, self.period_s, self.seed = list(urls), noise, period_s, seed
+    def __init__(
+        self, urls: Sequence[str], variation: SpeedVariation, names: Sequence[str], lead_s: float = 0.0
+    ) -> None:
+        self.urls, self.variation, self.names, self.lead_s = list(urls), variation, list(names), lead_s
         self.applied: list[list[float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def speeds(self, k: int) -> list[float]:
-        return [
-            round(math.exp(self.noise * random.Random(f"{self.seed}:{i}:{k}").gauss(0.0, 1.0)), 3)
-            for i in range(len(self.urls))
-        ]
+        return [self.variation.schedule(n, k + 1)[k] for n in self.names]
 
     def _apply(self, k: int) -> None:
         speeds = self.speeds(k)
@@ -251,8 +255,9 @@ class SpeedWander:
         self.applied.append(speeds)
 
     def _loop(self) -> None:
-        t0, k = time.monotonic(), 1
-        while not self._stop.wait(max(0.0, t0 + k * self.period_s - time.monotonic())):
+        # period 0 from now, period k at the replay's start (``lead_s`` from now) + k periods
+        t0, k, period = time.monotonic() + self.lead_s, 1, self.variation.period_s
+        while not self._stop.wait(max(0.0, t0 + k * period - time.monotonic())):
             self._apply(k)
             k += 1
 
@@ -305,7 +310,8 @@ def run_one(
         wander = None
         if setup.speed_noise > 0 and setup.engine == "sim":
             urls = [e.url for e in engines if e.url]
-            wander = SpeedWander(urls, setup.speed_noise, setup.speed_period_s, setup.speed_seed).start()
+            names = [SimConfig().replica_ids(i) for i in range(len(urls))]  # the simulator's names
+            wander = SpeedWander(urls, setup.speed_variation(), names, opts.lead_s).start()
         t0 = time.monotonic()
         try:
             report = asyncio.run(run_replay(planned, opts))
@@ -650,6 +656,10 @@ def main() -> None:
     planned = [replace(r, at_s=r.at_s / rate) for r in full]
     log(f"replaying at rate x{rate:.2f}: {len(planned)} requests over {planned[-1].at_s:.0f}s per contender")
 
+    wanders = args.speed_noise > 0 and args.engine == "sim"
+    speed_names = [SimConfig().replica_ids(i) for i in range(args.replicas)] if wanders else []
+    speed_periods = int(planned[-1].at_s // args.speed_period) + 2 if wanders and planned else 0
+
     def meta() -> dict[str, Any]:
         return {
             "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"),
@@ -670,6 +680,10 @@ def main() -> None:
             "engine_time_scale": args.engine_time_scale if args.engine == "sim" else None,
             "speed_noise": args.speed_noise,
             "speed_period_s": args.speed_period,
+            # the simulator's schedule every replay applied (sim.speed.SpeedVariation, replica i = names[i])
+            "speed_seed": setup.speed_seed,
+            "speed_replica_names": speed_names,
+            "speed_schedule": [setup.speed_variation().schedule(n, speed_periods) for n in speed_names],
             "engine_profile": ENGINE_PROFILE["perf"] if args.engine == "sim" else None,
             "policy_params": setup.policy_params,
             "tokens_scale": args.tokens_scale,
@@ -705,7 +719,8 @@ def main() -> None:
             continue
         results[name] = rep
         cpu = cpu_shares(cpu_before, cpu_times())
-        blocks.append(block_record(rep, **info, load_avg_1min=rep["load_avg_1min"], cpu_shares=cpu))
+        speeds = {"engine_speeds": rep["engine_speeds"]} if "engine_speeds" in rep else {}
+        blocks.append(block_record(rep, **info, **speeds, load_avg_1min=rep["load_avg_1min"], cpu_shares=cpu))
         t = rep["ttft_s"]
         log(
             f"[{repeat}] {name}: TTFT p50/p95/p99 {t['p50']:.3f}/{t['p95']:.3f}/{t['p99']:.3f}s "

@@ -44,6 +44,7 @@ from router_compare import ENGINE_PROFILE, LlamaFleet, engine_facts
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.units import DEFAULT_PROFILE
 from fleetgate.sim.des import SimConfig, Simulator
+from fleetgate.sim.speed import SpeedVariation, SpeedVaryingEngine
 from fleetgate.sim.traces import Trace, TraceRequest, default_traces_dir, load_trace
 from fleetgate.simengine.perfmodel import EngineModel, PerfParams
 
@@ -154,16 +155,53 @@ def live_words(meta: dict[str, Any]) -> int:
     return sum(len(r.prompt.split()) for r in planned)
 
 
+def live_speed(meta: dict[str, Any]) -> tuple[SpeedVariation, str]:
+    """The wandering speeds of a live sim-engine run (``router_compare.py --speed-noise``) and a note on
+    whether its recorded schedule is the simulator's (runs before session 10 drew their own)."""
+    noise = meta.get("speed_noise") or 0.0
+    variation = SpeedVariation(
+        noise=noise, period_s=meta.get("speed_period_s") or 10.0, seed=meta.get("speed_seed", meta["seed"])
+    )
+    if not noise:
+        return variation, "uniform engines"
+    recorded = meta.get("speed_schedule")
+    if not recorded:
+        return variation, "WARNING: the live run predates the shared schedule: its speeds were not these"
+    names = meta["speed_replica_names"]
+    same = all(
+        variation.schedule(n, len(row)) == row for n, row in zip(names, recorded, strict=True)
+    ) and names == [SimConfig().replica_ids(i) for i in range(len(names))]
+    return (
+        variation,
+        "the live schedule" if same else "WARNING: the live schedule differs from the simulator's",
+    )
+
+
 def apply_live(args: argparse.Namespace, live: dict[str, Any]) -> None:
-    """Set ``args`` to predict the live llama run ``live`` (``router_compare.py --engine llama --out``)."""
+    """Set ``args`` to predict the live run ``live`` (``router_compare.py --out``, sim or llama engines)."""
     meta = live["meta"]
-    args.engine = "llama"
     args.trace = Path(meta["trace"])
     args.requests = meta["requests"]
     args.slices = "0"
     args.rate = meta["rate_scale"]
     args.replicas = meta["replicas"]
     args.tokens_scale = meta["tokens_scale"]
+    names = [sim_policy(c) for c in live["results"]]
+    args.policies = ",".join(dict.fromkeys(["fleetgate", *(n for n in names if n)]))
+    if args.params == "{}":  # the live run's policy parameters (variants' entries and engine facts included)
+        args.params = json.dumps(meta.get("policy_params") or {})
+    if meta.get("engine", "sim") == "sim":
+        args.engine = "sim"
+        args.time_scale = meta["engine_time_scale"]
+        variation, note = live_speed(meta)
+        args.speed_noise, args.speed_period, args.speed_seed = (
+            variation.noise,
+            variation.period_s,
+            variation.seed,
+        )
+        print(f"predicting {args.from_live}: sim engines, speeds: {note}", file=sys.stderr)
+        return
+    args.engine = "llama"
     args.llama_cache_ram = meta["llama"]["cache_ram_mib"]
     ok = [r for r in live["results"].values() if "failed" not in r and r.get("prompt_tokens")]
     if ok:  # engine tokens per synthesised word (the chat template's few tokens per request included)
@@ -172,18 +210,23 @@ def apply_live(args: argparse.Namespace, live: dict[str, Any]) -> None:
         best = max(ok, key=lambda r: r.get("ok") or r["requests"] - (r.get("errors") or 0))
         answered = (best.get("ok") or best["requests"] - (best.get("errors") or 0)) / best["requests"]
         args.tokens_per_word = best["prompt_tokens"] / (live_words(meta) * answered)
-    names = [sim_policy(c) for c in live["results"]]
-    args.policies = ",".join(dict.fromkeys(["fleetgate", *(n for n in names if n)]))
-    if args.params == "{}":  # the live run's policy parameters (variants' entries included)
-        args.params = json.dumps(meta.get("policy_params") or {})
     print(f"predicting {args.from_live}: tokens per word {args.tokens_per_word:.3f}", file=sys.stderr)
 
 
+#: The ratios compared with a live run: (label, live result key, index in the simulator's figures).
+RATIOS = (("p50", "p50", 3), ("p95", "p95", 0), ("p99", "p99", 4), ("hit", "hit", 1))
+
+
+def _live_figure(r: dict[str, Any], key: str) -> float:
+    return float(r.get("prefix_cache_hit_rate") or 0.0) if key == "hit" else float(r["ttft_s"][key])
+
+
 def compare_live(live: dict[str, Any], out: dict[str, list[tuple[float, float, float, float, float]]]) -> str:
-    """fleetgate's p95 over each other contender's, live and predicted; within 15% is the acceptance bar.
+    """fleetgate's p50 / p95 / p99 TTFT and hit rate over each other contender's, live and predicted; the
+    p95 within 15% is the acceptance bar (the others are shown, not counted).
 
     With repeats (``router_compare.py --repeats``) the live ratio is the median of the per-repeat paired
-    ratios and the live p95 / hit the medians over repeats."""
+    ratios and the live figures the medians over repeats."""
     res = {k: v for k, v in live["results"].items() if "failed" not in v}
     paired = live.get("paired") or {}
     me = res.get("fleetgate:fleetgate")
@@ -191,39 +234,54 @@ def compare_live(live: dict[str, Any], out: dict[str, list[tuple[float, float, f
         return "(no live fleetgate:fleetgate result)"
     sim_me = out["fleetgate"][0]
     lines = [
-        "| other | live p95 s | sim p95 s | live hit | sim hit | live fleetgate/other p95 "
-        "| predicted | error | within 15% |",
-        "|---|---|---|---|---|---|---|---|---|",
-        f"| (fleetgate:fleetgate) | {me['ttft_s']['p95']:.3f} | {sim_me[0]:.3f} "
-        f"| {me.get('prefix_cache_hit_rate') or 0:.3f} | {sim_me[1]:.3f} | | | | |",
+        "| other | figure | live fleetgate | sim fleetgate | live other | sim other "
+        "| live fleetgate/other | predicted | error | within 15% |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     held = modelled = 0
     for name, r in res.items():
         if name == "fleetgate:fleetgate":
             continue
-        live_ratio = (paired.get(name) or {}).get("p95_ratio_median") or me["ttft_s"]["p95"] / r["ttft_s"][
-            "p95"
-        ]
         pol = sim_policy(name)
-        hit = r.get("prefix_cache_hit_rate") or 0.0
-        if pol is None or pol not in out:
-            lines.append(
-                f"| {name} | {r['ttft_s']['p95']:.3f} | - | {hit:.3f} | - | {live_ratio:.3f} "
-                "| (not modelled) | | |"
-            )
-            continue
-        sim = out[pol][0]
-        pred = sim_me[0] / sim[0]
-        err = pred / live_ratio - 1.0
         variant = name.startswith("fleetgate:fleetgate@")  # a variant of ours, not an "other" router
-        modelled += not variant
-        held += not variant and abs(err) <= 0.15
-        lines.append(
-            f"| {name} | {r['ttft_s']['p95']:.3f} | {sim[0]:.3f} | {hit:.3f} | {sim[1]:.3f} "
-            f"| {live_ratio:.3f} | {pred:.3f} | {err:+.1%} | {'yes' if abs(err) <= 0.15 else 'no'} |"
-        )
-    lines.append(f"\nwithin 15%: {held} of {modelled} modelled ratios (variants of the default not counted)")
+        for label, key, i in RATIOS:
+            mine, theirs = _live_figure(me, key), _live_figure(r, key)
+            live_ratio = (paired.get(name) or {}).get(f"{key}_ratio_median") or (
+                mine / theirs if theirs else float("nan")
+            )
+            head = f"| {name} | {label} | {mine:.3f} | {sim_me[i]:.3f} | {theirs:.3f} "
+            if pol is None or pol not in out:
+                lines.append(f"{head}| - | {live_ratio:.3f} | (not modelled) | | |")
+                continue
+            sim = out[pol][0]
+            pred = sim_me[i] / sim[i] if sim[i] else float("nan")
+            err = pred / live_ratio - 1.0
+            ok = abs(err) <= 0.15
+            if label == "p95":
+                modelled += not variant
+                held += not variant and ok
+            lines.append(
+                f"{head}| {sim[i]:.3f} | {live_ratio:.3f} | {pred:.3f} | {err:+.1%} "
+                f"| {'yes' if ok else 'no'} |"
+            )
+    lines.append(
+        f"\np95 within 15%: {held} of {modelled} modelled ratios (variants of the default not counted)"
+    )
     return "\n".join(lines)
+
+
+def dump_requests(path: Path, runs: dict[str, Any], trace: Trace) -> None:
+    """Per request of the first slice and each policy: arrival, TTFT, replica, dispatch time (JSON)."""
+    doc: dict[str, Any] = {"input_tokens": [r.input_tokens for r in trace.requests]}
+    doc["output_tokens"] = [r.output_tokens for r in trace.requests]
+    for label, res in runs.items():
+        doc[label] = {
+            "arrival_s": res.arrival_s.tolist(),
+            "ttft_s": [None if np.isnan(x) else float(x) for x in res.ttft_s],
+            "replica": [res.replica_names[int(i)] if i >= 0 else None for i in res.replica_of],
+            "dispatch_s": [None if np.isnan(x) else float(x) for x in res.dispatch_s],
+        }
+    path.write_text(json.dumps(doc))
 
 
 def main() -> None:
@@ -244,11 +302,17 @@ def main() -> None:
     ap.add_argument("--decode-step-s", type=float, default=0.003, help="llama: one iteration's time.")
     ap.add_argument("--tokens-per-word", type=float, default=1.0, help="llama: engine tokens per word.")
     ap.add_argument("--llama-cache-ram", type=int, default=LlamaFleet().cache_ram_mib)
+    ap.add_argument("--speed-noise", type=float, default=0.0, help="sim: replica speeds wander (sim.speed).")
+    ap.add_argument("--speed-period", type=float, default=10.0, help="sim: seconds between speed redraws.")
+    ap.add_argument("--speed-seed", type=int, default=1, help="sim: the speed schedule's seed.")
     ap.add_argument("--json", type=Path, default=None, help="Also write every slice's figures here.")
     ap.add_argument(
+        "--requests-json", type=Path, default=None, help="Per-request results of the first slice."
+    )
+    ap.add_argument(
         "--from-live", type=Path, default=None,
-        help="A router_compare.py --engine llama result: predict that run (its trace, slice, rate, replicas,"
-        " scale, cache; tokens per word from its usage) and compare every fleetgate/other p95 ratio.",
+        help="A router_compare.py result: predict that run (its trace, slice, rate, replicas, scale, engine"
+        " speeds; llama: cache, tokens per word from its usage) and compare the fleetgate/other ratios.",
     )  # fmt: skip
     args = ap.parse_args()
     live: dict[str, Any] | None = None
@@ -273,6 +337,13 @@ def main() -> None:
     params: dict[str, dict[str, Any]] = json.loads(args.params)
     names = args.policies.split(",")
     out: dict[str, list[tuple[float, float, float, float, float]]] = {}
+    speed = SpeedVariation(noise=args.speed_noise, period_s=args.speed_period, seed=args.speed_seed)
+
+    def make_engine(name: str) -> EngineModel | SpeedVaryingEngine:
+        engine = EngineModel(perf)
+        return SpeedVaryingEngine(engine, speed, name) if speed.active else engine
+
+    first: dict[str, Any] = {}
     for st in starts:
         trace = scaled_slice(full[st : st + args.requests], args.rate, args.tokens_scale, factor)
         for label in names:
@@ -282,10 +353,12 @@ def main() -> None:
                 trace,
                 build_policy(name, p),
                 DEFAULT_PROFILE,
-                lambda _n: EngineModel(perf),
+                make_engine,
                 SimConfig(replicas=args.replicas, seed=1),
             )
             res = sim.run()
+            if st == starts[0]:
+                first[label] = res
             tt = res.ttft_s[~np.isnan(res.ttft_s)]
             s = res.summary
             out.setdefault(label, []).append(
@@ -321,6 +394,9 @@ def main() -> None:
         print()
         print(compare_live(live, out))
 
+    if args.requests_json:
+        head = full[starts[0] : starts[0] + args.requests]
+        dump_requests(args.requests_json, first, scaled_slice(head, args.rate, args.tokens_scale, factor))
     if args.json:
         keys = ("p95_s", "hit_rate", "max_over_mean_load", "p50_s", "p99_s")
         rows = {k: [dict(zip(keys, v, strict=True)) for v in vals] for k, vals in out.items()}

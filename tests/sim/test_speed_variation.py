@@ -76,3 +76,26 @@ def test_wandering_speeds_make_the_learned_rates_scatter() -> None:
     assert noisy > 1.3  # as on a shared machine
     again, _ = _learned_spread(SpeedVariation(noise=0.3, period_s=30.0))
     assert again == noisy  # seeded
+
+
+def test_the_schedule_is_the_speeds_the_wrapped_engine_runs_at() -> None:
+    variation = SpeedVariation(noise=0.3, period_s=10.0, seed=9)
+    wrapped = SpeedVaryingEngine(EngineModel(PerfParams()), variation, "replica-2")
+    schedule = variation.schedule("replica-2", 6)
+    assert [wrapped.speed_at(10.0 * k + 5.0) for k in range(6)] == schedule
+    assert variation.schedule("replica-2", 3) == schedule[:3]  # a prefix of the same draws
+    assert variation.schedule("replica-1", 6) != schedule  # seeded per replica
+    assert SpeedVariation(noise=0.3, period_s=10.0, seed=10).schedule("replica-2", 6) != schedule
+
+
+def test_the_live_wander_applies_the_simulators_schedule() -> None:
+    """``bench/router_compare.py --speed-noise`` sets each live engine's speed to what the simulator's
+    replica of the same index runs at, so ``router_compare_sim.py --from-live`` replays the same speeds."""
+    from router_compare import SpeedWander
+
+    variation = SpeedVariation(noise=0.3, period_s=10.0, seed=9)
+    names = [SimConfig().replica_ids(i) for i in range(4)]
+    wander = SpeedWander(["http://127.0.0.1:9"] * 4, variation, names)
+    engines = [SpeedVaryingEngine(EngineModel(PerfParams()), variation, n) for n in names]
+    for k in range(5):
+        assert wander.speeds(k) == [e.speed_at(10.0 * k + 1.0) for e in engines]

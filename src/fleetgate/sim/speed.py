@@ -42,6 +42,12 @@ class SpeedVariation:
     def active(self) -> bool:
         return self.spread > 0 or self.noise > 0
 
+    def schedule(self, name: str, periods: int) -> list[float]:
+        """Replica ``name``'s speed factor in each of its first ``periods`` periods (period k: wall time
+        ``[k * period_s, (k + 1) * period_s)``), the factors its ``SpeedVaryingEngine`` runs at; a live
+        replay applies the same schedule to real engines (``bench/router_compare.py --speed-noise``)."""
+        return _Clock(self, name).speeds(periods)
+
 
 class _Clock:
     """A replica's engine clock: piecewise linear in wall time, slope = the speed in each period."""
@@ -60,6 +66,11 @@ class _Clock:
         self._speed.append(s)
         self._wall.append(self._wall[-1] + self._period)
         self._eng.append(self._eng[-1] + s * self._period)
+
+    def speeds(self, periods: int) -> list[float]:
+        while len(self._speed) < periods:
+            self._extend()
+        return self._speed[:periods]
 
     def engine_time(self, wall: float) -> float:
         while wall >= self._wall[-1]:
