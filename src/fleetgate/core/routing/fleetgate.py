@@ -309,7 +309,7 @@ class FleetgatePolicy(PolicyBase):
                         full_s = full / cap
                         idle_t = 0.0 + full_s
                     st = reps_get(name)
-                    v = 0.0 if st is None else st[0] * k
+                    v = 0.0 if st is None else st[0] * k + st[2]
                     if name in marked:
                         d = depth_of(name, 0)
                         m = True
@@ -369,7 +369,7 @@ class FleetgatePolicy(PolicyBase):
                     if cap <= 0.0:
                         cap = 1e-9
                     st = reps_get(name)
-                    v = 0.0 if st is None else st[0] * k
+                    v = 0.0 if st is None else st[0] * k + st[2]
                     d = depth_of(name, 0)
                     # The load guard first: it needs only the recent load, the MU rate and the cached blocks.
                     if (
