@@ -126,6 +126,30 @@ def scaled_slice(
     )
 
 
+def live_prompt_slice(reqs: list[TraceRequest], rate: float, tokens_scale: float) -> Trace:
+    """``reqs`` as a live sim-engine replay sends them (``PromptSynth``'s prompts in ``bench.replay``'s chat
+    body), from their first arrival at ``rate`` x: each request's length and 16-token block hashes are what
+    the gateway and the simulated engine count (``core.tokenize``, which both share), so the template and
+    the synthesised words are included (on the Mooncake slice 6% more tokens than the scaled trace
+    lengths ``scaled_slice`` gives: near saturation that moved the default's p99 by 40%)."""
+    from fleetgate.bench.prompts import PromptSynth
+    from fleetgate.bench.replay import ReplayOptions, plan_requests, request_body
+    from fleetgate.core.tokenize import PromptTokenizer
+
+    planned = plan_requests(Trace("slice", reqs, "mooncake"), PromptSynth(tokens_scale=tokens_scale))
+    tok, opts = PromptTokenizer(), ReplayOptions(base_url="", model="")
+    out = []
+    for p, r in zip(planned, reqs, strict=True):
+        _text, n, hashes = tok.count_and_hash_chat(request_body(p, opts)["messages"], 16, hashes=True)
+        out.append(
+            TraceRequest(
+                arrival_s=p.at_s / rate, input_tokens=n, output_tokens=p.max_tokens, tenant=r.tenant,
+                hash_ids=hashes, block_tokens=16, session=r.session,
+            )
+        )  # fmt: skip
+    return Trace("mooncake-live-prompts", out, "mooncake")
+
+
 #: What the simulator runs for each live contender (it has no model of vllm-router's own cache_aware).
 SIM_POLICY = {
     "fleetgate:fleetgate": "fleetgate",
@@ -302,6 +326,11 @@ def main() -> None:
     ap.add_argument("--decode-step-s", type=float, default=0.003, help="llama: one iteration's time.")
     ap.add_argument("--tokens-per-word", type=float, default=1.0, help="llama: engine tokens per word.")
     ap.add_argument("--llama-cache-ram", type=int, default=LlamaFleet().cache_ram_mib)
+    ap.add_argument(
+        "--prompts", choices=("live", "trace"), default="live",
+        help="sim: the lengths and block hashes of the prompts the live replay sends (default) or the "
+        "trace's scaled lengths and block ids (the predictions recorded before session 10).",
+    )  # fmt: skip
     ap.add_argument("--speed-noise", type=float, default=0.0, help="sim: replica speeds wander (sim.speed).")
     ap.add_argument("--speed-period", type=float, default=10.0, help="sim: seconds between speed redraws.")
     ap.add_argument("--speed-seed", type=int, default=1, help="sim: the speed schedule's seed.")
@@ -344,8 +373,15 @@ def main() -> None:
         return SpeedVaryingEngine(engine, speed, name) if speed.active else engine
 
     first: dict[str, Any] = {}
+
+    def workload(st: int) -> Trace:
+        reqs = full[st : st + args.requests]
+        if args.engine == "sim" and args.prompts == "live":
+            return live_prompt_slice(reqs, args.rate, args.tokens_scale)
+        return scaled_slice(reqs, args.rate, args.tokens_scale, factor)
+
     for st in starts:
-        trace = scaled_slice(full[st : st + args.requests], args.rate, args.tokens_scale, factor)
+        trace = workload(st)
         for label in names:
             name, _, tag = label.partition("@")
             p = {**(facts if name == "fleetgate" else {}), **params.get(tag or name, {})}
@@ -395,8 +431,7 @@ def main() -> None:
         print(compare_live(live, out))
 
     if args.requests_json:
-        head = full[starts[0] : starts[0] + args.requests]
-        dump_requests(args.requests_json, first, scaled_slice(head, args.rate, args.tokens_scale, factor))
+        dump_requests(args.requests_json, first, workload(starts[0]))
     if args.json:
         keys = ("p95_s", "hit_rate", "max_over_mean_load", "p50_s", "p99_s")
         rows = {k: [dict(zip(keys, v, strict=True)) for v in vals] for k, vals in out.items()}
