@@ -43,7 +43,7 @@ from router_compare import ENGINE_PROFILE, LlamaFleet, engine_facts
 
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.units import DEFAULT_PROFILE
-from fleetgate.sim.des import SimConfig, Simulator
+from fleetgate.sim.des import SimConfig, Simulator, default_ids
 from fleetgate.sim.speed import SpeedVariation, SpeedVaryingEngine
 from fleetgate.sim.traces import Trace, TraceRequest, default_traces_dir, load_trace
 from fleetgate.simengine.perfmodel import EngineModel, PerfParams
@@ -367,10 +367,16 @@ def main() -> None:
     names = args.policies.split(",")
     out: dict[str, list[tuple[float, float, float, float, float]]] = {}
     speed = SpeedVariation(noise=args.speed_noise, period_s=args.speed_period, seed=args.speed_seed)
+    # With the live prompts the replicas also get the live gateway's names (router_compare.py: r0, r1, ...),
+    # so fleetgate's affinity ring places every key where the gateway did; replica i's speed schedule is
+    # keyed by the simulator's own name for it (replica-i), as router_compare.py's SpeedWander applies it.
+    sim_ids = SimConfig().replica_ids
+    ids = default_ids("r") if args.engine == "sim" and args.prompts == "live" else sim_ids
+    speed_key = {ids(i): sim_ids(i) for i in range(args.replicas)}
 
     def make_engine(name: str) -> EngineModel | SpeedVaryingEngine:
         engine = EngineModel(perf)
-        return SpeedVaryingEngine(engine, speed, name) if speed.active else engine
+        return SpeedVaryingEngine(engine, speed, speed_key.get(name, name)) if speed.active else engine
 
     first: dict[str, Any] = {}
 
@@ -390,7 +396,7 @@ def main() -> None:
                 build_policy(name, p),
                 DEFAULT_PROFILE,
                 make_engine,
-                SimConfig(replicas=args.replicas, seed=1),
+                SimConfig(replicas=args.replicas, seed=1, replica_ids=ids),
             )
             res = sim.run()
             if st == starts[0]:
