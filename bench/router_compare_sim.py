@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +152,16 @@ def live_prompt_slice(reqs: list[TraceRequest], rate: float, tokens_scale: float
     return Trace("mooncake-live-prompts", out, "mooncake")
 
 
+def send_jitter(trace: Trace, max_s: float, seed: int) -> Trace:
+    """``trace`` with every arrival delayed by up to ``max_s`` (uniform, seeded), re-sorted: the live client
+    sends each request within 10-25 ms of its schedule (the gateway's access log against the plan, session
+    10) and requests due at the same instant reach the gateway in no fixed order. Where a policy's outcome
+    hangs on such details (the default on wandering engine speeds) one simulated run is one draw."""
+    rng = random.Random(seed)
+    moved = [replace(r, arrival_s=r.arrival_s + rng.uniform(0.0, max_s)) for r in trace.requests]
+    return replace(trace, requests=sorted(moved, key=lambda r: r.arrival_s))
+
+
 #: What the simulator runs for each live contender (it has no model of vllm-router's own cache_aware).
 SIM_POLICY = {
     "fleetgate:fleetgate": "fleetgate",
@@ -245,22 +257,36 @@ def _live_figure(r: dict[str, Any], key: str) -> float:
     return float(r.get("prefix_cache_hit_rate") or 0.0) if key == "hit" else float(r["ttft_s"][key])
 
 
-def compare_live(live: dict[str, Any], out: dict[str, list[tuple[float, float, float, float, float]]]) -> str:
+Figures = tuple[float, float, float, float, float]  # p95 s, hit rate, max/mean load, p50 s, p99 s
+
+
+def compare_live(
+    live: dict[str, Any], out: dict[str, list[Figures]], draws: dict[str, list[Figures]] | None = None
+) -> str:
     """fleetgate's p50 / p95 / p99 TTFT and hit rate over each other contender's, live and predicted; the
     p95 within 15% is the acceptance bar (the others are shown, not counted).
 
     With repeats (``router_compare.py --repeats``) the live ratio is the median of the per-repeat paired
-    ratios and the live figures the medians over repeats."""
+    ratios and the live figures the medians over repeats. With ``draws`` (``--send-jitter``: the first slice
+    run several times with jittered arrivals) the prediction is the median of the per-draw ratios, its
+    range shown beside it, and the sim figures are medians over the draws."""
     res = {k: v for k, v in live["results"].items() if "failed" not in v}
     paired = live.get("paired") or {}
     me = res.get("fleetgate:fleetgate")
     if me is None:
         return "(no live fleetgate:fleetgate result)"
-    sim_me = out["fleetgate"][0]
+
+    def sim_figures(label: str) -> Figures:
+        if not draws:
+            return out[label][0]
+        m = np.median(np.array(draws[label]), axis=0)
+        return (float(m[0]), float(m[1]), float(m[2]), float(m[3]), float(m[4]))
+
+    sim_me = sim_figures("fleetgate")
     lines = [
         "| other | figure | live fleetgate | sim fleetgate | live other | sim other "
-        "| live fleetgate/other | predicted | error | within 15% |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| live fleetgate/other | predicted | error | within 15% | predicted range |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     held = modelled = 0
     for name, r in res.items():
@@ -275,10 +301,18 @@ def compare_live(live: dict[str, Any], out: dict[str, list[tuple[float, float, f
             )
             head = f"| {name} | {label} | {mine:.3f} | {sim_me[i]:.3f} | {theirs:.3f} "
             if pol is None or pol not in out:
-                lines.append(f"{head}| - | {live_ratio:.3f} | (not modelled) | | |")
+                lines.append(f"{head}| - | {live_ratio:.3f} | (not modelled) | | | |")
                 continue
-            sim = out[pol][0]
+            sim = sim_figures(pol)
             pred = sim_me[i] / sim[i] if sim[i] else float("nan")
+            span = ""
+            if draws:
+                per = [
+                    a[i] / b[i] if b[i] else float("nan")
+                    for a, b in zip(draws["fleetgate"], draws[pol], strict=True)
+                ]
+                pred = float(np.median(per))
+                span = f"{min(per):.3f}-{max(per):.3f} ({len(per)})"
             err = pred / live_ratio - 1.0
             ok = abs(err) <= 0.15
             if label == "p95":
@@ -286,7 +320,7 @@ def compare_live(live: dict[str, Any], out: dict[str, list[tuple[float, float, f
                 held += not variant and ok
             lines.append(
                 f"{head}| {sim[i]:.3f} | {live_ratio:.3f} | {pred:.3f} | {err:+.1%} "
-                f"| {'yes' if ok else 'no'} |"
+                f"| {'yes' if ok else 'no'} | {span} |"
             )
     lines.append(
         f"\np95 within 15%: {held} of {modelled} modelled ratios (variants of the default not counted)"
@@ -331,6 +365,12 @@ def main() -> None:
         help="sim: the lengths and block hashes of the prompts the live replay sends (default) or the "
         "trace's scaled lengths and block ids (the predictions recorded before session 10).",
     )  # fmt: skip
+    ap.add_argument(
+        "--send-jitter", type=int, default=1, metavar="N",
+        help="Also run the first slice N - 1 more times with every arrival delayed by up to --jitter-ms "
+        "(seeded): the prediction of each live ratio is then the median over the N runs.",
+    )  # fmt: skip
+    ap.add_argument("--jitter-ms", type=float, default=10.0, help="Largest arrival delay of --send-jitter.")
     ap.add_argument("--speed-noise", type=float, default=0.0, help="sim: replica speeds wander (sim.speed).")
     ap.add_argument("--speed-period", type=float, default=10.0, help="sim: seconds between speed redraws.")
     ap.add_argument("--speed-seed", type=int, default=1, help="sim: the speed schedule's seed.")
@@ -365,7 +405,7 @@ def main() -> None:
         facts = {} if args.no_engine_facts else engine_facts(args.time_scale)
     params: dict[str, dict[str, Any]] = json.loads(args.params)
     names = args.policies.split(",")
-    out: dict[str, list[tuple[float, float, float, float, float]]] = {}
+    out: dict[str, list[Figures]] = {}
     speed = SpeedVariation(noise=args.speed_noise, period_s=args.speed_period, seed=args.speed_seed)
     # With the live prompts the replicas also get the live gateway's names (router_compare.py: r0, r1, ...),
     # so fleetgate's affinity ring places every key where the gateway did; replica i's speed schedule is
@@ -386,32 +426,39 @@ def main() -> None:
             return live_prompt_slice(reqs, args.rate, args.tokens_scale)
         return scaled_slice(reqs, args.rate, args.tokens_scale, factor)
 
+    def simulate(trace: Trace, label: str) -> tuple[Any, Figures]:
+        name, _, tag = label.partition("@")
+        p = {**(facts if name == "fleetgate" else {}), **params.get(tag or name, {})}
+        sim = Simulator(
+            trace,
+            build_policy(name, p),
+            DEFAULT_PROFILE,
+            make_engine,
+            SimConfig(replicas=args.replicas, seed=1, replica_ids=ids),
+        )
+        res = sim.run()
+        tt = res.ttft_s[~np.isnan(res.ttft_s)]
+        s = res.summary
+        pct = np.percentile(tt, [95, 50, 99])
+        return res, (
+            float(pct[0]),
+            s["cache_hit_rate"],
+            s["max_over_mean_load"],
+            float(pct[1]),
+            float(pct[2]),
+        )
+
+    draws: dict[str, list[Figures]] = {}
     for st in starts:
         trace = workload(st)
         for label in names:
-            name, _, tag = label.partition("@")
-            p = {**(facts if name == "fleetgate" else {}), **params.get(tag or name, {})}
-            sim = Simulator(
-                trace,
-                build_policy(name, p),
-                DEFAULT_PROFILE,
-                make_engine,
-                SimConfig(replicas=args.replicas, seed=1, replica_ids=ids),
-            )
-            res = sim.run()
+            res, fig = simulate(trace, label)
+            out.setdefault(label, []).append(fig)
             if st == starts[0]:
                 first[label] = res
-            tt = res.ttft_s[~np.isnan(res.ttft_s)]
-            s = res.summary
-            out.setdefault(label, []).append(
-                (
-                    float(np.percentile(tt, 95)),
-                    s["cache_hit_rate"],
-                    s["max_over_mean_load"],
-                    float(np.percentile(tt, 50)),
-                    float(np.percentile(tt, 99)),
-                )
-            )
+                draws[label] = [fig]
+                for j in range(1, args.send_jitter):
+                    draws[label].append(simulate(send_jitter(trace, args.jitter_ms / 1000, j), label)[1])
     ref = out[names[0]]
     print(f"slices {starts} x {args.requests} requests, rate x{args.rate}, {args.replicas} replicas")
     print(
@@ -420,7 +467,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
 
-    def geo(v: list[tuple[float, float, float, float, float]], i: int) -> float:
+    def geo(v: list[Figures], i: int) -> float:
         return float(np.exp(np.mean([np.log(a[i] / b[i]) for a, b in zip(v, ref, strict=True)])))
 
     for label, v in out.items():
@@ -434,7 +481,7 @@ def main() -> None:
 
     if live is not None:
         print()
-        print(compare_live(live, out))
+        print(compare_live(live, out, draws if args.send_jitter > 1 else None))
 
     if args.requests_json:
         dump_requests(args.requests_json, first, workload(starts[0]))

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from router_compare_sim import live_prompt_slice, scaled_slice
+from router_compare_sim import live_prompt_slice, scaled_slice, send_jitter
 
 from fleetgate.bench.prompts import PromptSynth
 from fleetgate.bench.replay import ReplayOptions, plan_requests, request_body
@@ -35,3 +35,20 @@ def test_live_prompts_are_what_the_gateway_parses_from_the_replay() -> None:
         assert sim_req.arrival_s == p.at_s / 8.0
     scaled = scaled_slice(reqs, 8.0, 1 / 32).requests
     assert sum(r.input_tokens for r in live) > 1.02 * sum(r.input_tokens for r in scaled)
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="needs ../shared/traces")
+def test_send_jitter_delays_each_arrival_a_little_and_keeps_every_request() -> None:
+    trace = scaled_slice(load_trace(TRACE, max_requests=200).requests, 8.0, 1 / 32)
+    moved = send_jitter(trace, 0.01, seed=3)
+    arrivals = [r.arrival_s for r in moved.requests]
+    assert arrivals == sorted(arrivals)
+
+    def shape(t: Trace) -> list[tuple[int, int, tuple[int, ...]]]:
+        return sorted((r.input_tokens, r.output_tokens, r.hash_ids) for r in t.requests)
+
+    assert shape(moved) == shape(trace)  # the same requests
+    # each arrival moved by 0-10 ms, so every order statistic did too (and some moved)
+    shifts = [a - b for a, b in zip(arrivals, [r.arrival_s for r in trace.requests], strict=True)]
+    assert all(-1e-12 <= d <= 0.01 + 1e-12 for d in shifts) and max(shifts) > 0.001
+    assert send_jitter(trace, 0.01, seed=3).requests == moved.requests  # seeded
