@@ -13,11 +13,12 @@ import random
 
 import pytest
 
+from fleetgate.core.lifecycle import Lifecycle, ReplicaLoad
 from fleetgate.core.routing import build_policy
 from fleetgate.core.routing.fleetgate import FleetgatePolicy
 from fleetgate.core.routing.pipeline import PickContext
 from fleetgate.core.routing.rates import ReplicaLoads
-from fleetgate.core.types import ReplicaSnapshot, RequestInfo
+from fleetgate.core.types import ReplicaSnapshot, RequestInfo, Usage
 from fleetgate.profiles import load_profile
 
 PROFILE = load_profile("llama2-70b-h100-tp4")
@@ -179,3 +180,32 @@ def test_fused_pick_agrees_with_the_guard_on_outstanding_work(rate: float | None
     for r, rep in open_:  # every outcome comes back: nothing stays held
         p.on_complete(r, rep, 200.0, r.cost_mu, True)
     assert p.loads.held_total == 0.0 and all(st[2] == 0.0 for st in p.loads.reps.values())
+
+
+def test_the_lifecycle_releases_what_it_dispatched() -> None:
+    """Through ``Lifecycle`` (what the gateway and the simulator both call): a request is held from
+    ``dispatch`` to ``finish`` / ``complete``, whatever the outcome; a failover dispatches it again."""
+    p = policy(guard_signal="outstanding")
+    fleet = [ReplicaSnapshot(f"r{i}", capacity_mu_per_min=60.0) for i in range(3)]
+    lc: Lifecycle[object] = Lifecycle(p, PROFILE, snapshots=lambda: fleet)
+    loads = {s.name: ReplicaLoad() for s in fleet}
+    rng = random.Random(3)
+    reqs = [req(i, 2.0) for i in range(6)]
+    picked = []
+    for i, r in enumerate(reqs):
+        d = lc.route(r, float(i), rng)
+        lc.dispatch(r, d.replica, loads[d.replica], float(i))
+        picked.append(d.replica)
+    assert p.loads.held_total > 0.0
+    usage = Usage(prompt_tokens=512, completion_tokens=16)
+    lc.complete(reqs[0], picked[0], loads[picked[0]], 10.0, usage)  # the simulator's end
+    lc.finish(reqs[1], picked[1], loads[picked[1]], 10.0, usage, True)  # the gateway's, with usage
+    lc.finish(reqs[2], picked[2], loads[picked[2]], 10.0, None, False)  # failed, no usage
+    other = next(n for n in loads if n != picked[3])  # failover: dispatched again, then both attempts end
+    lc.dispatch(reqs[3], other, loads[other], 11.0)
+    lc.finish(reqs[3], other, loads[other], 12.0, usage, True)
+    lc.finish(reqs[3], picked[3], loads[picked[3]], 12.0, None, False)
+    for i in (4, 5):
+        lc.finish(reqs[i], picked[i], loads[picked[i]], 13.0, None, True)  # the client left: neutral
+    assert p.loads.held_total == 0.0 and all(st[2] == 0.0 for st in p.loads.reps.values())
+    assert all(load.inflight_requests == 0 for load in loads.values())
