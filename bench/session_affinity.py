@@ -49,6 +49,19 @@ PER_REPLICA = {
     "mooncake": 3000 / 16,
     "azure": 4000 / 8,
 }
+#: The ``fleetgate`` policy's defaults before session 10 (its parts' own), for comparisons with today's
+#: (``--params '{"old": ...}'`` with ``fleetgate@old``) and for the tests of a mechanism on the policy that
+#: showed it (docs/benchmarks.md, "Session 10: a better default policy").
+SESSION9_DEFAULTS: dict[str, Any] = {
+    "key": "prefix",
+    "hot_share": 0.5,
+    "spill_max_wait_s": None,
+    "guard_exempt_ratio": 0.3,
+    "learned_rate_noise": 1.0,
+    "learned_rate_scale": "seconds",
+    "tail_bound_s": None,
+    "tail_bound_keep_share": None,
+}
 #: The chat traces: file under ``--traces`` and the replica count whose load ``--load 1`` means.
 CHAT = {
     "mooncake": ("mooncake/conversation_trace.jsonl", 16),

@@ -7,6 +7,8 @@ renamed or moved (e.g. the routing profile the policy now inherits from the depl
 
 Usage: .venv/bin/python bench/sim_equality.py --old-src /work/wt/base/src [--cases NAME,...] [--jobs 1]
        [--same-params]   (the old tree gets the new tree's policy params: for an old tree after 8468188)
+       [--old-param KEY=VALUE ...]   (more policy params for the old tree's fleetgate cases, before the
+       case's own: a changed default given to the old tree, so that only the change of defaults differs)
 Exit status 1 when any case differs.
 """
 
@@ -108,6 +110,12 @@ def main() -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--same-params", action="store_true", help="give the old tree the new tree's params")
+    ap.add_argument(
+        "--old-param",
+        action="append",
+        default=[],
+        help="KEY=VALUE for the old tree's fleetgate cases, before the case's own (repeatable)",
+    )
     args = ap.parse_args()
     new_src = str(ROOT / "src")
     names = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -116,8 +124,13 @@ def main() -> int:
 
         def one(name: str) -> tuple[str, list[str]]:
             sim_args, old_p, new_p = CASES[name]
+            fleetgate = "--policy" not in sim_args or sim_args[sim_args.index("--policy") + 1] == "fleetgate"
+            extra = args.old_param if fleetgate else []
             old = _run(
-                args.old_src, sim_args, new_p if args.same_params else old_p, Path(tmp) / f"{name}.old.json"
+                args.old_src,
+                sim_args,
+                [*extra, *(new_p if args.same_params else old_p)],
+                Path(tmp) / f"{name}.old.json",
             )
             new = _run(new_src, sim_args, new_p, Path(tmp) / f"{name}.new.json")
             return name, _diff(old, new)

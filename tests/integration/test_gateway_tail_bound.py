@@ -43,7 +43,12 @@ def test_tail_bound_sets_a_late_replica_aside_and_counts_it(
     # its first tokens ~1.3 s after dispatch, the others' in ms; three replicas, because the bound is
     # relative to the candidates' median lateness: with two and factor 2 it never acts
     tools.set_fault(engines[0], "slow", 1500.0)
-    gateway = start_gateway({MODEL: engines}, "fleetgate", routing_params={"tail_bound_s": 0.3})
+    # The bound alone, on each replica's own learned rate (the defaults before session 10 but the bound):
+    # with the default's pooled rates a replica not learned yet counts as the median, and the slow one got
+    # 3 of the 10 requests here before the bound set it aside ([3, 4, 3]).
+    params = {"tail_bound_s": 0.3, "tail_bound_keep_share": None, "learned_rate_noise": 1.0}
+    params["learned_rate_scale"] = "seconds"
+    gateway = start_gateway({MODEL: engines}, "fleetgate", routing_params=params)
     url = gateway.wait_ready()
     metrics = httpx.get(url + "/metrics", timeout=5).text
     assert _metric(metrics, "fleetgate_tail_bound_dropped_total") == 0

@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from session_affinity import PER_REPLICA, build
+from session_affinity import PER_REPLICA, SESSION9_DEFAULTS, build
 
 from fleetgate.core.routing.fleetgate import FleetgatePolicy
 from fleetgate.core.routing.registry import build_policy
@@ -30,7 +30,7 @@ from fleetgate.sim.speed import SpeedVariation
 PROFILE = load_profile("llama2-70b-h100-tp4")
 
 
-def _run(traces: Path, params: dict[str, float]) -> tuple[RunResult, FleetgatePolicy]:
+def _run(traces: Path, params: dict[str, object]) -> tuple[RunResult, FleetgatePolicy]:
     trace = build("mooncake", 8, 1.0, PER_REPLICA["mooncake"], 0, traces)
     policy = build_policy("fleetgate", params, profile=PROFILE)
     assert isinstance(policy, FleetgatePolicy)
@@ -43,8 +43,9 @@ def _run(traces: Path, params: dict[str, float]) -> tuple[RunResult, FleetgatePo
 
 
 def test_tail_bound_keeps_the_p99_off_a_stuck_replica(traces_dir: Path) -> None:
-    base, _ = _run(traces_dir, {})
-    bound, policy = _run(traces_dir, {"tail_bound_s": 5.0})
+    # on the policy of the collapse: the defaults before session 10 (today's include the bound, below)
+    base, _ = _run(traces_dir, SESSION9_DEFAULTS)
+    bound, policy = _run(traces_dir, {**SESSION9_DEFAULTS, "tail_bound_s": 5.0})
     assert policy.tail is not None and policy.tail.dropped > 0
     p99 = float(np.percentile(bound.ttft_s, 99))
     assert p99 < 30.0  # cache_aware reads 10 s here
@@ -54,3 +55,11 @@ def test_tail_bound_keeps_the_p99_off_a_stuck_replica(traces_dir: Path) -> None:
     # the tail is not one replica's any more
     tail = bound.ttft_s >= np.percentile(bound.ttft_s, 99)
     assert max(Counter(bound.replica_of[tail].tolist()).values()) < tail.sum()
+
+
+def test_the_default_policy_has_no_collapse_there(traces_dir: Path) -> None:
+    """Today's default (the bound at 2 s keeping a holder of half the prompt, pooled rates, session keys)
+    on the same replay: the p99 in the other policies' range."""
+    res, policy = _run(traces_dir, {})
+    assert policy.tail is not None
+    assert float(np.percentile(res.ttft_s, 99)) < 30.0  # cache_aware reads 10 s here

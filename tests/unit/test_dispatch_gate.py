@@ -112,7 +112,8 @@ def test_learned_prefill_rate_turns_the_automatic_gate_on_and_a_configured_one_w
         ReplicaSnapshot("a", capacity_mu_per_min=6000, learned_prefill_tokens_per_s=500.0),
         ReplicaSnapshot("b", capacity_mu_per_min=6000, learned_prefill_tokens_per_s=2000.0),
     ]
-    auto = policy_()
+    # each replica's own learned rate in seconds (the default pools them on the MU scale since session 10)
+    auto = policy_(learned_rate_noise=1.0, learned_rate_scale="seconds")
     req = _req("r0", 1000)
     d = auto.pick(req, learned, 0.0, random.Random(1))
     assert d.replica == "b" and d.scores["est_ttft_s"] == pytest.approx(0.5)  # 1,000 tokens at 2,000/s

@@ -51,9 +51,15 @@ def test_median_follows_the_candidates() -> None:
     assert pool.median is None and pool.rate(1234.0) == 1234.0  # nothing learned: own rate (none: none)
 
 
+#: Each replica's own learned rate in seconds (the policy's default pools them on the MU scale since
+#: session 10: ``learned_rate_noise: 2``, ``learned_rate_scale: relative``).
+OWN_RATES = {"learned_rate_noise": 1.0, "learned_rate_scale": "seconds"}
+
+
 def policy(**params: object) -> FleetgatePolicy:
-    """No gate, and the load guard's bound out of the way (10x the mean): the TTFT estimate alone decides."""
-    p = build_policy("fleetgate", {"gate": "off", "load_bound": 10.0, **params}, profile=PROFILE)
+    """No gate, and the load guard's bound out of the way (10x the mean): the TTFT estimate alone decides;
+    each replica's own learned rate unless ``params`` say otherwise."""
+    p = build_policy("fleetgate", {"gate": "off", "load_bound": 10.0, **OWN_RATES, **params}, profile=PROFILE)
     assert isinstance(p, FleetgatePolicy)
     return p
 
@@ -95,4 +101,6 @@ def test_a_genuinely_faster_replica_still_gets_more_when_pooled() -> None:
 
 def test_a_configured_rate_is_not_pooled() -> None:
     assert policy(learned_rate_noise=2.0, prefill_tokens_per_s=3000.0).estimate.pool is None
-    assert policy().estimate.pool is None  # the default: each replica's own rate
+    assert policy().estimate.pool is None  # learned_rate_noise 1: each replica's own rate
+    default = build_policy("fleetgate", {}, profile=PROFILE)
+    assert isinstance(default, FleetgatePolicy) and default.estimate.pool is not None  # the default pools

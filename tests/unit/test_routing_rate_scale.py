@@ -20,9 +20,15 @@ def snap(name: str, rate: float | None) -> ReplicaSnapshot:
     return ReplicaSnapshot(name, learned_prefill_tokens_per_s=rate)
 
 
+#: The rule on each replica's own rate (no pooling) and, unless asked otherwise, in seconds: the policy's
+#: default is ``relative`` with ``learned_rate_noise: 2`` since session 10.
+OWN_SECONDS = {"learned_rate_noise": 1.0, "learned_rate_scale": "seconds"}
+
+
 def policy(**params: object) -> FleetgatePolicy:
     """No gate and the load guard out of the way: the TTFT estimate alone decides."""
-    p = build_policy("fleetgate", {"gate": "off", "load_bound": 10.0, **params}, profile=PROFILE)
+    base = {"gate": "off", "load_bound": 10.0, **OWN_SECONDS}
+    p = build_policy("fleetgate", {**base, **params}, profile=PROFILE)
     assert isinstance(p, FleetgatePolicy)
     return p
 
@@ -41,7 +47,9 @@ def estimate(p: FleetgatePolicy, replicas: list[ReplicaSnapshot], req: RequestIn
     return d.replica, d.scores["est_ttft_s"]
 
 
-def test_the_default_is_seconds_and_a_configured_rate_wins() -> None:
+def test_the_default_is_relative_and_a_configured_rate_wins() -> None:
+    default = build_policy("fleetgate", {}, profile=PROFILE)
+    assert isinstance(default, FleetgatePolicy) and default.estimate.relative is True
     assert policy().estimate.relative is False
     assert policy(learned_rate_scale="relative").estimate.relative is True
     assert policy(learned_rate_scale="relative", prefill_tokens_per_s=3000.0).estimate.relative is False

@@ -48,9 +48,10 @@ def run_workload(
     cache_blocks: int = 120,
     seed: int = 3,
     window: int = 500,
+    extra: dict[str, object] | None = None,
 ) -> Result:
     rng = random.Random(seed)
-    params = {"cache_tokens_per_replica": cache_blocks * BLOCK, "rate_tau_s": 20.0}
+    params = {"cache_tokens_per_replica": cache_blocks * BLOCK, "rate_tau_s": 20.0, **(extra or {})}
     policy = build_policy(policy_name, params if policy_name == "fleetgate" else None)
     cap_s = 100.0 / 60.0  # MU per second per replica
     weights = [1.0 / (k + 1) ** zipf_s for k in range(conversations)]
@@ -148,7 +149,19 @@ def results() -> dict[str, Result]:
 def test_fleetgate_keeps_load_within_band_on_skewed_keys(results: dict[str, Result]) -> None:
     fg = results["fleetgate"]
     assert fg.max_over_mean <= 1.25
-    assert fg.window_max_over_mean <= 1.4  # per 500-request window, warm-up included
+    # Per 500-request window, warm-up included. The default (since session 10) keys a conversation's next
+    # turn on the context its last replica holds and lets a replica holding 80% of the prompt go up to
+    # ``cached_load_bound`` (1.5) x the mean recent MU (a 20 s average here, not a window): the hottest
+    # conversation here is about a replica's worth of load on its own (1.57 here).
+    assert fg.window_max_over_mean <= 1.65
+
+
+def test_prefix_keys_and_a_narrow_exemption_keep_windows_tighter() -> None:
+    """The parts' own defaults (``key: prefix``, exemption from 30% of the prompt; the policy's defaults
+    before session 10): a hot conversation's key spreads, so windows stay within 1.4x (1.29 here)."""
+    fg = run_workload("fleetgate", extra={"key": "prefix", "hot_share": 0.5, "guard_exempt_ratio": 0.3})
+    assert fg.max_over_mean <= 1.25
+    assert fg.window_max_over_mean <= 1.4
 
 
 def test_cache_affinity_alone_makes_hot_spots(results: dict[str, Result]) -> None:

@@ -110,13 +110,19 @@ def test_params_off_by_default_and_validated() -> None:
         TailBound(TailBoundParams())
     with pytest.raises(ValueError):
         build_policy("fleetgate", {"tail_bound_s": -1.0}, profile=PROFILE)
+    # The policy's default has the bound on since session 10 (2 s, keeping a holder of half the prompt);
+    # ``tail_bound_s: null`` turns it off.
     p = build_policy("fleetgate", {}, profile=PROFILE)
+    assert isinstance(p, FleetgatePolicy) and p.tail is not None
+    assert (p.tail.slack_s, p.tail.keep_share) == (2.0, 0.5)
+    p = build_policy("fleetgate", {"tail_bound_s": None}, profile=PROFILE)
     assert isinstance(p, FleetgatePolicy) and p.tail is None
 
 
 def test_fleetgate_skips_a_stuck_cache_holder() -> None:
-    """The default sends a request to the replica holding its prefix; with the bound, not while that
-    replica's earlier request is long overdue (the estimate there is wrong)."""
+    """Without the bound a request goes to the replica holding its prefix; with the bound (and no
+    exception for holders), not while that replica's earlier request is long overdue (the estimate there is
+    wrong)."""
     reps = fleet(4)
     rng = random.Random(0)
     hashes = tuple(range(1, 9))
@@ -130,8 +136,8 @@ def test_fleetgate_skips_a_stuck_cache_holder() -> None:
         again = req(2, prefix_hashes=hashes, prefix_block_tokens=128)
         return "home" if p.pick(again, reps, 60.0, rng).replica == home else "other"
 
-    assert pick_after_stall({}) == "home"
-    assert pick_after_stall({"tail_bound_s": 5.0}) == "other"
+    assert pick_after_stall({"tail_bound_s": None}) == "home"
+    assert pick_after_stall({"tail_bound_s": 5.0, "tail_bound_keep_share": None}) == "other"
 
 
 def test_keep_share_keeps_a_late_replica_that_holds_the_prompt() -> None:

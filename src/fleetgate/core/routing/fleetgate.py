@@ -5,7 +5,8 @@ Assembled from pipeline parts, each with its own ``Params`` and state:
 1. ``filters.routable``: healthy/suspect, not draining, not ejected, not in ``exclude`` (affinity never
    overrides this, so a request is never forced onto a bad replica);
    then, with ``tail_bound_s``, ``filters.tail_bound``: no replica whose oldest unanswered request is far
-   past its estimated first token (the estimate is wrong there; off by default);
+   past its estimated first token (the estimate is wrong there; on by default, ``tail_bound_s: null`` turns
+   it off);
 2. ``filters.affinity``: the request's workload key owns a bounded-load subset of replicas (the leader
    candidates), grown with the key's MU rate and rebalanced on schedule;
 3. ``scorers.ttft``: the estimated time to first token on every candidate (fluid prefill queue + own prefill
@@ -37,12 +38,14 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from fleetgate.core.plugins import PluginParams
 from fleetgate.core.routing.base import PolicyBase
 from fleetgate.core.routing.filters.affinity import AffinityFilter, AffinityParams
 from fleetgate.core.routing.filters.load_guard import LoadGuard, LoadGuardParams
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.filters.tail_bound import TailBound, TailBoundParams
 from fleetgate.core.routing.gate import DispatchGate, GateParams
+from fleetgate.core.routing.keys import KeyKind
 from fleetgate.core.routing.outlier import OutlierDetector, OutlierParams
 from fleetgate.core.routing.parts import ScorerSpec, scorer_list
 from fleetgate.core.routing.pickers.leader_spill import LeaderSpillParams, LeaderSpillPicker
@@ -56,12 +59,39 @@ _INF = math.inf
 _NAN = math.nan
 
 
+def _doc(params: type[PluginParams], field: str) -> str:
+    """A part's description of one of its parameters (the policy overrides the default, not the meaning)."""
+    return params.model_fields[field].description or ""
+
+
 class FleetgateParams(
     AffinityParams, LoadGuardParams, TtftEstimateParams, LeaderSpillParams, TailBoundParams
 ):
     """fleetgate's default policy: the parameters of its parts (affinity, load guard, TTFT estimate,
-    leader/spill picker), the dispatch gate, and the pick's own."""
+    leader/spill picker, tail bound), the dispatch gate, and the pick's own.
 
+    The policy's defaults differ from its parts' own (session 10, docs/benchmarks.md "Session 10: a better
+    default policy"): session-grain keys, a bounded spill of a cache leader, pooled learned rates on one
+    scale, the tail bound, and keys that go hot at a quarter of a replica's rate (context keys split a
+    hot shared document over its tenants' keys). Each can be set back, e.g. `key: prefix`,
+    `tail_bound_s: null`."""
+
+    key: KeyKind = Field(default="context", description=_doc(AffinityParams, "key"))
+    hot_share: float = Field(default=0.25, gt=0, description=_doc(AffinityParams, "hot_share"))
+    spill_max_wait_s: float | None = Field(
+        default=1.0, ge=0, description=_doc(LeaderSpillParams, "spill_max_wait_s")
+    )
+    guard_exempt_ratio: float = Field(default=0.8, description=_doc(LoadGuardParams, "guard_exempt_ratio"))
+    learned_rate_noise: float = Field(
+        default=2.0, ge=1.0, description=_doc(TtftEstimateParams, "learned_rate_noise")
+    )
+    learned_rate_scale: Literal["seconds", "relative"] = Field(
+        default="relative", description=_doc(TtftEstimateParams, "learned_rate_scale")
+    )
+    tail_bound_s: float | None = Field(default=2.0, ge=0, description=_doc(TailBoundParams, "tail_bound_s"))
+    tail_bound_keep_share: float | None = Field(
+        default=0.5, gt=0, le=1, description=_doc(TailBoundParams, "tail_bound_keep_share")
+    )
     outlier: OutlierParams = Field(default_factory=OutlierParams, description="Outlier ejection.")
     rate_tau_s: float = Field(
         default=60.0, gt=0, description="Time constant of the recent-MU rates (per replica and per key)."
