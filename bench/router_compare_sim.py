@@ -21,7 +21,9 @@ prompt cache as the prefix cache, the prefill rate measured by ``fleetgate calib
 ``--prefill-tokens-per-s``), prompt lengths in the engine's tokens (``--tokens-per-word``: the synthesised
 prompts' words are several BPE tokens each; the live run's usage gives the factor), any trace
 (``--trace``). fleetgate gets what the live run gives it: the cache size from the flags; its prefill rate
-is learned online in both.
+is learned online in both. With ``--prompts live`` (the default since session 10) the lengths are instead
+the tiny model's token counts of the prompts the live replay sends (its ``tokenizer.json``; a run's recorded
+``usage.prompt_tokens`` checks them) and the hashes the gateway's (``llama_prompt_slice``).
 
     .venv/bin/python bench/router_compare_sim.py --engine llama --trace T --tokens-scale 0.0078125 \
         --rate 1.5 --replicas 3 --slices 0 --requests 500 --prefill-tokens-per-s 5747 --tokens-per-word 2.5
@@ -45,6 +47,7 @@ from router_compare import ENGINE_PROFILE, LlamaFleet, engine_facts
 
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.units import DEFAULT_PROFILE
+from fleetgate.engines.llama import default_hf_model
 from fleetgate.sim.des import SimConfig, Simulator, default_ids
 from fleetgate.sim.speed import SpeedVariation, SpeedVaryingEngine
 from fleetgate.sim.traces import Trace, TraceRequest, default_traces_dir, load_trace
@@ -152,6 +155,38 @@ def live_prompt_slice(reqs: list[TraceRequest], rate: float, tokens_scale: float
     return Trace("mooncake-live-prompts", out, "mooncake")
 
 
+def llama_prompt_slice(
+    reqs: list[TraceRequest], rate: float, tokens_scale: float, tokenizer: Path, hash_block: int = 16
+) -> Trace:
+    """``reqs`` as a live llama replay sends them: the prompts of ``live_prompt_slice`` (the same chat
+    bodies), each one's length in the tiny model's tokens (its ``tokenizer.json`` on the rendered ChatML
+    prompt, what llama-server counts: ``usage.prompt_tokens`` of the live run checks it) and the 16-token
+    block hashes the gateway computes (``core.tokenize``: where the live router puts each key; blocks of
+    ``hash_block`` of its tokens, 16 live). A hash block stands for ``hash_block * engine tokens / gateway
+    tokens`` of the request's engine tokens, so the engine's hits are in its own tokens. llama-server reuses
+    any common token prefix, the simulated cache only whole blocks: smaller blocks model it more closely
+    but show the router finer prefixes than the live gateway hashes."""
+    from fleetgate.bench.prompts import PromptSynth
+    from fleetgate.bench.replay import ReplayOptions, plan_requests, request_body
+    from fleetgate.core.tokenize import PromptTokenizer, render_chat_prompt
+    from fleetgate.hf_tokenizer import load_tokenizer
+
+    planned = plan_requests(Trace("slice", reqs, "mooncake"), PromptSynth(tokens_scale=tokens_scale))
+    tok, opts, engine_tok = PromptTokenizer(), ReplayOptions(base_url="", model=""), load_tokenizer(tokenizer)
+    out = []
+    for p, r in zip(planned, reqs, strict=True):
+        messages = request_body(p, opts)["messages"]
+        _text, n, hashes = tok.count_and_hash_chat(messages, hash_block, hashes=True)
+        engine_n = len(engine_tok.encode(render_chat_prompt(messages)))
+        out.append(
+            TraceRequest(
+                arrival_s=p.at_s / rate, input_tokens=engine_n, output_tokens=p.max_tokens, tenant=r.tenant,
+                hash_ids=hashes, block_tokens=max(1, round(hash_block * engine_n / n)), session=r.session,
+            )
+        )  # fmt: skip
+    return Trace("mooncake-live-prompts-llama", out, "mooncake")
+
+
 def send_jitter(trace: Trace, max_s: float, seed: int) -> Trace:
     """``trace`` with every arrival delayed by up to ``max_s`` (uniform, seeded), re-sorted: the live client
     sends each request within 10-25 ms of its schedule (the gateway's access log against the plan, session
@@ -247,6 +282,19 @@ def apply_live(args: argparse.Namespace, live: dict[str, Any]) -> None:
         answered = (best.get("ok") or best["requests"] - (best.get("errors") or 0)) / best["requests"]
         args.tokens_per_word = best["prompt_tokens"] / (live_words(meta) * answered)
     print(f"predicting {args.from_live}: tokens per word {args.tokens_per_word:.3f}", file=sys.stderr)
+
+
+def prompt_check(live: dict[str, Any], trace: Trace) -> str:
+    """The simulated prompts' engine tokens against the live run's ``usage.prompt_tokens`` (a check of the
+    tokenization, not an input: per contender, on the requests it answered)."""
+    mine = sum(r.input_tokens for r in trace.requests)
+    parts = []
+    for name, r in live["results"].items():
+        if "failed" in r or not r.get("prompt_tokens"):
+            continue
+        answered = (r.get("ok") or r["requests"] - (r.get("errors") or 0)) / r["requests"]
+        parts.append(f"{name} {r['prompt_tokens'] / answered / mine:.4f}")
+    return f"{mine} engine tokens; live usage / these: " + (", ".join(parts) or "(no usage recorded)")
 
 
 #: The ratios compared with a live run: (label, live result key, index in the simulator's figures).
@@ -362,8 +410,17 @@ def main() -> None:
     ap.add_argument("--llama-cache-ram", type=int, default=LlamaFleet().cache_ram_mib)
     ap.add_argument(
         "--prompts", choices=("live", "trace"), default="live",
-        help="sim: the lengths and block hashes of the prompts the live replay sends (default) or the "
-        "trace's scaled lengths and block ids (the predictions recorded before session 10).",
+        help="The lengths and block hashes of the prompts the live replay sends (default; llama: lengths by "
+        "--tokenizer, --tokens-per-word unused) or the trace's scaled lengths and block ids (the "
+        "predictions recorded before session 10).",
+    )  # fmt: skip
+    ap.add_argument(
+        "--tokenizer", type=Path, default=None,
+        help="llama with --prompts live: the tiny model's tokenizer.json (default: its build folder).",
+    )  # fmt: skip
+    ap.add_argument(
+        "--hash-block", type=int, default=16,
+        help="llama with --prompts live: prefix-hash block in the gateway's tokens (16: what it hashes).",
     )  # fmt: skip
     ap.add_argument(
         "--send-jitter", type=int, default=1, metavar="N",
@@ -388,14 +445,26 @@ def main() -> None:
     if args.from_live:
         live = json.loads(args.from_live.read_text())
         apply_live(args, live)
+    if args.tokenizer is None:
+        args.tokenizer = default_hf_model() / "tokenizer.json"
     starts = [int(x) for x in args.slices.split(",")]
     path = args.trace or default_traces_dir() / "mooncake" / "conversation_trace.jsonl"
     full = load_trace(path, max_requests=max(starts) + args.requests).requests
     factor = 1.0
+    llama_live: dict[int, Trace] = {}  # slice start -> the live llama prompts (tokenized once)
     if args.engine == "llama":
         factor = args.tokens_per_word
         fleet = LlamaFleet(cache_ram_mib=args.llama_cache_ram)
         block = max(1, round(512 * args.tokens_scale * factor))
+        if args.prompts == "live":
+            for st in starts:
+                reqs = full[st : st + args.requests]
+                llama_live[st] = llama_prompt_slice(
+                    reqs, args.rate, args.tokens_scale, args.tokenizer, args.hash_block
+                )
+            block = int(np.median([r.block_tokens for t in llama_live.values() for r in t.requests]))
+            if live is not None:
+                print(f"live prompts: {prompt_check(live, llama_live[starts[0]])}", file=sys.stderr)
         perf = llama_engine(
             fleet, args.prefill_tokens_per_s, args.decode_step_s, block, args.prefill_s_per_token_sq
         )
@@ -411,7 +480,7 @@ def main() -> None:
     # so fleetgate's affinity ring places every key where the gateway did; replica i's speed schedule is
     # keyed by the simulator's own name for it (replica-i), as router_compare.py's SpeedWander applies it.
     sim_ids = SimConfig().replica_ids
-    ids = default_ids("r") if args.engine == "sim" and args.prompts == "live" else sim_ids
+    ids = default_ids("r") if args.prompts == "live" else sim_ids
     speed_key = {ids(i): sim_ids(i) for i in range(args.replicas)}
 
     def make_engine(name: str) -> EngineModel | SpeedVaryingEngine:
@@ -422,6 +491,8 @@ def main() -> None:
 
     def workload(st: int) -> Trace:
         reqs = full[st : st + args.requests]
+        if st in llama_live:
+            return llama_live[st]
         if args.engine == "sim" and args.prompts == "live":
             return live_prompt_slice(reqs, args.rate, args.tokens_scale)
         return scaled_slice(reqs, args.rate, args.tokens_scale, factor)

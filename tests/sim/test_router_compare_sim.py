@@ -52,3 +52,28 @@ def test_send_jitter_delays_each_arrival_a_little_and_keeps_every_request() -> N
     shifts = [a - b for a, b in zip(arrivals, [r.arrival_s for r in trace.requests], strict=True)]
     assert all(-1e-12 <= d <= 0.01 + 1e-12 for d in shifts) and max(shifts) > 0.001
     assert send_jitter(trace, 0.01, seed=3).requests == moved.requests  # seeded
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="needs ../shared/traces")
+def test_llama_live_prompts_count_the_tiny_models_tokens_and_keep_the_gateways_hashes() -> None:
+    from router_compare_sim import llama_prompt_slice
+
+    from fleetgate.core.tokenize import render_chat_prompt
+    from fleetgate.engines.llama import default_hf_model
+    from fleetgate.hf_tokenizer import load_tokenizer
+    from real_engines import need_llama
+
+    need_llama()
+    reqs = load_trace(TRACE, max_requests=40).requests
+    tokenizer = load_tokenizer(default_hf_model())
+    live = llama_prompt_slice(reqs, 1.5, 1 / 128, default_hf_model() / "tokenizer.json").requests
+    planned = plan_requests(Trace("t", reqs, "mooncake"), PromptSynth(tokens_scale=1 / 128))
+    opts = ReplayOptions(base_url="", model="m")
+    for sim_req, p in zip(live, planned, strict=True):
+        body = request_body(p, opts)
+        engine_tokens = len(tokenizer.encode(render_chat_prompt(body["messages"])))
+        assert sim_req.input_tokens == engine_tokens  # what llama-server counts (test_llama_engine.py)
+        parsed = parse_request(body, "chat")
+        assert sim_req.hash_ids == parsed.prefix_hashes  # where the live gateway places the request
+        assert sim_req.block_tokens == max(1, round(16 * engine_tokens / parsed.input_tokens))
+        assert sim_req.arrival_s == p.at_s / 1.5
