@@ -258,9 +258,10 @@ def apply_live(args: argparse.Namespace, live: dict[str, Any]) -> None:
     args.replicas = meta["replicas"]
     args.tokens_scale = meta["tokens_scale"]
     names = [sim_policy(c) for c in live["results"]]
-    args.policies = ",".join(dict.fromkeys(["fleetgate", *(n for n in names if n)]))
-    if args.params == "{}":  # the live run's policy parameters (variants' entries and engine facts included)
-        args.params = json.dumps(meta.get("policy_params") or {})
+    extra = [v for v in args.variants.split(",") if v]
+    args.policies = ",".join(dict.fromkeys(["fleetgate", *(n for n in names if n), *extra]))
+    # the live run's policy parameters (variants' entries and engine facts included), --params on top
+    args.params = json.dumps((meta.get("policy_params") or {}) | json.loads(args.params))
     if meta.get("engine", "sim") == "sim":
         args.engine = "sim"
         args.time_scale = meta["engine_time_scale"]
@@ -394,6 +395,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policies", default="cache_aware,fleetgate,least_requests,round_robin")
     ap.add_argument("--params", default="{}", help='JSON {"tag or policy": {params}}.')
+    ap.add_argument(
+        "--variants", default="",
+        help="With --from-live: more policies (name@tag, params from --params) run beside the live ones.",
+    )  # fmt: skip
     ap.add_argument("--rate", type=float, default=6.0)
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--slices", default="0,1000,2000,3000,4000,5000")
@@ -549,6 +554,16 @@ def main() -> None:
             f"| {hit.mean():.3f} | {' '.join(f'{a[0]:.2f}' for a in v)} | {max(a[2] for a in v):.2f} "
             f"| {geo(v, 3):.3f} | {geo(v, 4):.3f} |"
         )
+
+    if args.send_jitter > 1:  # every policy over the draws: median (range) of the paired ratio to the first
+        print(f"\n| policy | p50 / first ({args.send_jitter} draws) | p95 / first | p99 / first |")
+        print("|---|---|---|---|")
+        for label, v in draws.items():
+            cells = []
+            for i in (3, 0, 4):
+                r = [a[i] / b[i] for a, b in zip(v, draws[names[0]], strict=True)]
+                cells.append(f"{np.median(r):.3f} ({min(r):.3f}-{max(r):.3f})")
+            print(f"| {label} | {' | '.join(cells)} |")
 
     if live is not None:
         print()

@@ -44,7 +44,7 @@ from fleetgate.core.routing.filters.affinity import AffinityFilter, AffinityPara
 from fleetgate.core.routing.filters.load_guard import LoadGuard, LoadGuardParams
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.filters.tail_bound import TailBound, TailBoundParams
-from fleetgate.core.routing.gate import DispatchGate, GateParams
+from fleetgate.core.routing.gate import DispatchGate, GateOrder, GateParams
 from fleetgate.core.routing.keys import KeyKind
 from fleetgate.core.routing.outlier import OutlierDetector, OutlierParams
 from fleetgate.core.routing.parts import ScorerSpec, scorer_list
@@ -113,6 +113,11 @@ class FleetgateParams(
     gate_aging: float = Field(default=0.25, description="Seconds of priority gained per second held.")
     gate_max_queued: int = Field(default=4096, description="Held requests at most (then route directly).")
     gate_max_wait_s: float = Field(default=10.0, description="A request held this long is released.")
+    gate_order: GateOrder = Field(
+        default="prefill",
+        description="Release order: `prefill`, least predicted prefill less aging x held seconds; "
+        "`log_prefill`, least log of it less aging x held seconds (see core.routing.gate).",
+    )
 
     rate_learning: Literal["alone", "busy"] = Field(
         default="alone",
@@ -187,7 +192,13 @@ class FleetgatePolicy(PolicyBase):
         self._held_depth = self.affinity.uses_held_depth  # (the key kind is fixed: read once, not per pick)
         self.scan_limit = params.scan_limit
         self._gate_mode = params.gate
-        gp = GateParams(params.gate_lead_s, params.gate_aging, params.gate_max_queued, params.gate_max_wait_s)
+        gp = GateParams(
+            params.gate_lead_s,
+            params.gate_aging,
+            params.gate_max_queued,
+            params.gate_max_wait_s,
+            order=params.gate_order,
+        )
         self.gate: DispatchGate[Any] | None = DispatchGate(gp) if params.gate != "off" else None
 
     # -- the dispatch gate ---------------------------------------------------------------------------
