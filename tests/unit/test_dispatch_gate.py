@@ -185,37 +185,3 @@ def test_first_token_feedback_follows_the_gate_by_default() -> None:
     assert not policy_(prefill_tokens_per_s=1000.0, first_token_feedback="off").estimate.feedback
     assert policy_(first_token_feedback="on").estimate.feedback
     assert policy_(first_token_feedback=True).estimate.feedback
-
-
-def test_log_order_lets_a_long_prompt_out_after_a_wait_that_grows_with_the_log_of_the_size_ratio() -> None:
-    """``prefill`` aging 0.5: a 2 s prompt held 1 s still yields to a fresh 0.1 s one (2 - 0.5 * 1 > 0.1).
-    ``log_prefill`` aging 1: it goes first once held ln(2 / 0.1) = 3.0 s, and a 20 s prompt once held
-    ln(200) = 5.3 s (the linear order at aging 1: 1.9 s and 19.9 s)."""
-    lin: DispatchGate[str] = DispatchGate(GateParams(aging=0.5))
-    lin.push("long", 2.0, now=0.0)
-    lin.push("short", 0.1, now=1.0)
-    assert lin.pop(0.0, now=1.0) == "short"
-    for held, first in ((2.9, "short"), (3.1, "long")):
-        log: DispatchGate[str] = DispatchGate(GateParams(aging=1.0, order="log_prefill"))
-        log.push("long", 2.0, now=0.0)
-        log.push("short", 0.1, now=held)
-        assert log.pop(0.0, now=held) == first
-    big: DispatchGate[str] = DispatchGate(GateParams(aging=1.0, order="log_prefill"))
-    big.push("huge", 20.0, now=0.0)
-    big.push("short", 0.1, now=5.4)
-    assert big.pop(0.0, now=5.4) == "huge"
-    # a zero estimate (no rate learned yet) still orders first, and the key is fixed at enqueue
-    zero: DispatchGate[str] = DispatchGate(GateParams(order="log_prefill"))
-    zero.push("a", 0.5, now=0.0)
-    zero.push("b", 0.0, now=0.0)
-    assert [zero.pop(0.0, 0.0), zero.pop(0.0, 0.0), zero.pop(0.0, 0.0)] == ["b", "a", None]
-
-
-def test_order_is_checked_and_reaches_the_policy_gate() -> None:
-    with pytest.raises(ValueError):
-        GateParams(order="fifo")  # type: ignore[arg-type]
-    p = policy_(gate="on", gate_order="log_prefill", gate_aging=2.0)
-    assert p.gate is not None and p.gate.params.order == "log_prefill" and p.gate.params.aging == 2.0
-    assert policy_(gate="on").gate.params.order == "prefill"  # type: ignore[union-attr]
-    with pytest.raises(ValueError):
-        policy_(gate_order="longest")

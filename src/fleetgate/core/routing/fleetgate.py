@@ -44,7 +44,7 @@ from fleetgate.core.routing.filters.affinity import AffinityFilter, AffinityPara
 from fleetgate.core.routing.filters.load_guard import LoadGuard, LoadGuardParams
 from fleetgate.core.routing.filters.routable import routable
 from fleetgate.core.routing.filters.tail_bound import TailBound, TailBoundParams
-from fleetgate.core.routing.gate import DispatchGate, GateOrder, GateParams
+from fleetgate.core.routing.gate import DispatchGate, GateParams
 from fleetgate.core.routing.keys import KeyKind
 from fleetgate.core.routing.outlier import OutlierDetector, OutlierParams
 from fleetgate.core.routing.parts import ScorerSpec, scorer_list
@@ -113,11 +113,6 @@ class FleetgateParams(
     gate_aging: float = Field(default=0.25, description="Seconds of priority gained per second held.")
     gate_max_queued: int = Field(default=4096, description="Held requests at most (then route directly).")
     gate_max_wait_s: float = Field(default=10.0, description="A request held this long is released.")
-    gate_order: GateOrder = Field(
-        default="prefill",
-        description="Release order: `prefill`, least predicted prefill less aging x held seconds; "
-        "`log_prefill`, least log of it less aging x held seconds (see core.routing.gate).",
-    )
 
     rate_learning: Literal["alone", "busy"] = Field(
         default="alone",
@@ -192,13 +187,7 @@ class FleetgatePolicy(PolicyBase):
         self._held_depth = self.affinity.uses_held_depth  # (the key kind is fixed: read once, not per pick)
         self.scan_limit = params.scan_limit
         self._gate_mode = params.gate
-        gp = GateParams(
-            params.gate_lead_s,
-            params.gate_aging,
-            params.gate_max_queued,
-            params.gate_max_wait_s,
-            order=params.gate_order,
-        )
+        gp = GateParams(params.gate_lead_s, params.gate_aging, params.gate_max_queued, params.gate_max_wait_s)
         self.gate: DispatchGate[Any] | None = DispatchGate(gp) if params.gate != "off" else None
 
     # -- the dispatch gate ---------------------------------------------------------------------------
@@ -350,7 +339,7 @@ class FleetgatePolicy(PolicyBase):
                         full_s = full / cap
                         idle_t = 0.0 + full_s
                     st = reps_get(name)
-                    v = 0.0 if st is None else st[0] * k + st[2]
+                    v = 0.0 if st is None else st[0] * k
                     if name in marked:
                         d = depth_of(name, 0)
                         m = True
@@ -410,7 +399,7 @@ class FleetgatePolicy(PolicyBase):
                     if cap <= 0.0:
                         cap = 1e-9
                     st = reps_get(name)
-                    v = 0.0 if st is None else st[0] * k + st[2]
+                    v = 0.0 if st is None else st[0] * k
                     d = depth_of(name, 0)
                     # The load guard first: it needs only the recent load, the MU rate and the cached blocks.
                     if (

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 _EPS = 1e-6  # seconds: a wake-up computed from the backlog lands within float rounding of the lead
-_MIN_PREFILL_S = 1e-4  # the log order's floor: a zero estimate (no rate learned yet) still has a key
-GateOrder = Literal["prefill", "log_prefill"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,36 +29,22 @@ class GateParams:
     request's own trip to the engine overlaps it); ``aging``: seconds of priority gained per second waited
     (0: pure shortest-first, large: first come, first served); ``max_queued``: beyond this many held
     requests new ones go straight to routing (never refuse because of the gate); ``max_wait_s``: a request
-    held this long is released whatever the estimate says (a safety valve for a wrong engine rate);
-    ``order``: ``prefill`` releases the smallest ``prefill_s - aging * waited_s`` (a request's lead over a
-    longer one shrinks by the same seconds per second whatever their sizes, so the longest prompts wait
-    ``(prefill_long - prefill_short) / aging`` behind fresh short ones), ``log_prefill`` the smallest
-    ``ln(prefill_s) - aging * waited_s`` (a held request's estimate counts e times less for every
-    ``1 / aging`` seconds held: the wait behind fresh short ones grows with the log of the size ratio, so
-    the longest prompts are not starved while mid-sized ones still yield to short ones)."""
+    held this long is released whatever the estimate says (a safety valve for a wrong engine rate)."""
 
     lead_s: float = 0.05
     aging: float = 0.25
     max_queued: int = 4096
     max_wait_s: float = 10.0
-    order: GateOrder = "prefill"
 
     def __post_init__(self) -> None:
         if self.lead_s < 0 or self.aging < 0 or self.max_queued < 0 or self.max_wait_s <= 0:
             raise ValueError("gate needs lead_s >= 0, aging >= 0, max_queued >= 0 and max_wait_s > 0")
-        if self.order not in ("prefill", "log_prefill"):
-            raise ValueError(f"gate order must be prefill or log_prefill, not {self.order!r}")
-
-    def key(self, prefill_s: float, enqueued_at: float) -> float:
-        """The release order's key (smallest first): fixed at enqueue, so a heap keeps the order."""
-        size = math.log(max(prefill_s, _MIN_PREFILL_S)) if self.order == "log_prefill" else prefill_s
-        return size + self.aging * enqueued_at
 
 
 class DispatchGate(Generic[T]):
-    """Held requests ordered by ``GateParams.key``, ``size + aging * enqueued_at`` (the same order as ``size
-    - aging * waited`` at any instant, so a heap keeps it without re-sorting). Removal is lazy: a released or
-    removed request leaves the live map; its heap and arrival-order entries are skipped when they come up."""
+    """Held requests ordered by ``prefill_s + aging * enqueued_at`` (the same order as ``prefill_s - aging *
+    waited`` at any instant, so a heap keeps it without re-sorting). Removal is lazy: a released or removed
+    request leaves the live map and its heap and arrival-order entries are skipped when they come up."""
 
     def __init__(self, params: GateParams | None = None) -> None:
         self.params = params or GateParams()
@@ -86,7 +69,7 @@ class DispatchGate(Generic[T]):
 
     def push(self, item: T, prefill_s: float, now: float) -> None:
         seq = next(self._seq)
-        heapq.heappush(self._heap, (self.params.key(prefill_s, now), seq))
+        heapq.heappush(self._heap, (prefill_s + self.params.aging * now, seq))
         self._fifo.append(seq)
         self._live[seq] = (now, item)
         self._of[id(item)] = seq

@@ -116,19 +116,14 @@ class SlidingSums:
 
 
 class ReplicaLoads:
-    """Per replica, in one dict entry ``[load, finish, held]`` (one lookup per replica on the hot path):
+    """Per replica, in one dict entry ``[load, finish]`` (one lookup per replica on the hot path):
 
-    - ``load``: MU history, exponentially decayed with ``tau_s`` on a shared time base exactly like
-      ``DecayingRates``; ``total`` is the sum over all replicas;
-    - ``finish``: the virtual time at which the prefill work queued on the replica drains (a fluid queue);
-    - ``held``: MU of requests still outstanding there, at full weight (no decay: work that has not been
-      served does not age away, ``hold`` / ``release``); ``held_total`` is the sum over all replicas.
-
-    The load of a replica on a "MU over the last ``tau``" scale is ``load * scale(now) * tau + held``, its
-    rate ``load * scale(now) + held / tau`` (MU per second).
+    - ``load``: dispatched MU, exponentially decayed with ``tau_s`` on a shared time base exactly like
+      ``DecayingRates`` (``rate = load * scale(now)``); ``total`` is the sum over all replicas;
+    - ``finish``: the virtual time at which the prefill work queued on the replica drains (a fluid queue).
     """
 
-    __slots__ = ("_exp", "base", "held_total", "reps", "tau_s", "total")
+    __slots__ = ("_exp", "base", "reps", "tau_s", "total")
 
     def __init__(self, tau_s: float) -> None:
         if tau_s <= 0:
@@ -136,14 +131,13 @@ class ReplicaLoads:
         self.tau_s = tau_s
         self.base = 0.0
         self.total = 0.0
-        self.held_total = 0.0
         self.reps: dict[str, list[float]] = {}
         self._exp = math.exp
 
     def _entry(self, name: str) -> list[float]:
         st = self.reps.get(name)
         if st is None:
-            st = self.reps[name] = [0.0, 0.0, 0.0]
+            st = self.reps[name] = [0.0, 0.0]
         return st
 
     def add(self, name: str, amount: float, now: float) -> None:
@@ -153,27 +147,6 @@ class ReplicaLoads:
         v = amount * self._exp((now - self.base) / self.tau_s)
         self._entry(name)[0] += v
         self.total += v
-
-    def hold(self, name: str, amount: float) -> None:
-        """Count ``amount`` MU dispatched to ``name`` at full weight until ``release``."""
-        self._entry(name)[2] += amount
-        self.held_total += amount
-
-    def release(self, name: str, amount: float, served: float, now: float) -> None:
-        """A request ``hold`` counted (``amount`` MU) ended on ``name`` at ``now``: it leaves the held MU and
-        ``served`` MU joins the decayed history there (nothing for a replica that was discarded meanwhile)."""
-        st = self.reps.get(name)
-        if st is None:
-            return
-        left = st[2] - amount
-        if left < 1e-9:  # (rounding, or a replica discarded and back since the hold)
-            left = 0.0
-        self.held_total -= st[2] - left
-        st[2] = left
-        if self.held_total < 1e-9:
-            self.held_total = 0.0
-        if served:
-            self.add(name, served, now)
 
     def queue(self, name: str, seconds: float, now: float) -> None:
         """Queue ``seconds`` of prefill work on ``name`` behind whatever is still queued."""
@@ -185,9 +158,8 @@ class ReplicaLoads:
         return self._exp(-(now - self.base) / self.tau_s) / self.tau_s
 
     def rate(self, name: str, now: float) -> float:
-        """MU per second: the decayed history's rate plus the held MU over ``tau_s``."""
         st = self.reps.get(name)
-        return 0.0 if st is None else st[0] * self.scale(now) + st[2] / self.tau_s
+        return 0.0 if st is None else st[0] * self.scale(now)
 
     def shift(self, src: str, dst: str, rate: float, now: float) -> None:
         """Move ``rate`` MU/s of recent load from ``src`` to ``dst`` (after a reassignment)."""
@@ -209,4 +181,3 @@ class ReplicaLoads:
         st = self.reps.pop(name, None)
         if st is not None:
             self.total -= st[0]
-            self.held_total -= st[2]

@@ -8,17 +8,11 @@ expected cache hit saves) and settled to the real cost at completion. A replica 
 cache hit costs more than a little imbalance, but not without limit); hot keys get no exemption, and a replica
 within ``guard_min_util`` of its MU rate of the mean is never dropped. If the guard would drop every
 candidate (a huge request) it keeps them all.
-
-``guard_signal: outstanding`` counts a request at full weight while it is outstanding (``ReplicaLoads.hold``)
-and only its served cost, from its completion, decays: a replica that stops serving (an engine short of KV
-memory with a long prompt at the head of its queue) then reads as loaded by the work it holds, not as light
-because its dispatches are old (docs/benchmarks.md, "Session 10: a load guard that sees a stuck replica").
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 from pydantic import Field
 
@@ -46,12 +40,6 @@ class LoadGuardParams(PluginParams):
     guard_min_util: float = Field(
         default=0.05, ge=0, description="Excess over the mean (share of the replica's MU rate) never guarded."
     )
-    guard_signal: Literal["dispatched", "outstanding"] = Field(
-        default="dispatched",
-        description="The load signal: `dispatched`, each request's MU decayed from its dispatch; "
-        "`outstanding`, each request's MU at full weight until it completes, then its served MU decayed "
-        "from its completion.",
-    )
 
 
 class LoadGuard(StageBase):
@@ -66,23 +54,20 @@ class LoadGuard(StageBase):
         self.cached_load_bound = max(params.cached_load_bound, params.load_bound)
         self.guard_exempt_ratio = params.guard_exempt_ratio
         self.guard_min_util = params.guard_min_util
-        self.holds = params.guard_signal == "outstanding"
         self.loads = loads
         self.estimate = estimate
-        # request id -> (replica, MU charged there): what ``on_complete`` settles (and, with ``holds``,
-        # releases)
-        self._charged: dict[str, tuple[str, float]] = {}
+        self._charged: dict[str, float] = {}
         self.guarded = 0  # picks where the guard would have left nothing
         self.skips = 0  # candidates the guard dropped
 
     def limits(self, own: float, candidates: int, now: float) -> tuple[float, float, float, float, float]:
-        """``(k, mean, limit, cached_limit, slack)``: a replica's load on the "MU over the last ``tau``"
-        scale is ``v = load x k + held`` (its ``ReplicaLoads`` entry); a candidate is over the bound when
-        ``v > limit`` (``cached_limit`` if exempt) and ``v + own - mean > slack * its MU rate``."""
+        """``(k, mean, limit, cached_limit, slack)``: stored load x ``k`` = MU over the last ``tau``; a
+        candidate with load ``v`` is over the bound when ``v > limit`` (``cached_limit`` if exempt) and
+        ``v + own - mean > slack * its MU rate``."""
         loads = self.loads
         horizon = loads.tau_s
         k = loads.scale(now) * horizon
-        total = loads.total * k + loads.held_total
+        total = loads.total * k
         known = max(candidates, len(loads.reps))  # mean over every replica with recent load
         mean = (total + own) / known
         return (
@@ -110,7 +95,7 @@ class LoadGuard(StageBase):
         out = []
         for r in candidates:
             st = reps.get(r.name)
-            v = 0.0 if st is None else st[0] * k + st[2]
+            v = 0.0 if st is None else st[0] * k
             cap = r.capacity_mu_per_min / 60.0
             if cap <= 0.0:
                 cap = 1e-9
@@ -125,40 +110,19 @@ class LoadGuard(StageBase):
         return out
 
     def charge(self, request_id: str, replica: str, cost: float, now: float) -> None:
-        """Add a dispatched request's expected cost to the replica's signal (held while outstanding with
-        ``guard_signal: outstanding``; a request without an id cannot be released, so it is decayed)."""
-        charged = self._charged
-        if not request_id:
-            self.loads.add(replica, cost, now)
-            return
-        if len(charged) > 100_000:  # outcomes that never came back: forget them
-            if self.holds:
-                for rep, c in charged.values():
-                    self.loads.release(rep, c, c, now)
-            charged.clear()
-        if self.holds:
-            prev = charged.get(request_id)
-            if prev is not None:  # (dispatched again before its outcome came back)
-                self.loads.release(prev[0], prev[1], prev[1], now)
-            self.loads.hold(replica, cost)
-        else:
-            self.loads.add(replica, cost, now)
-        charged[request_id] = (replica, cost)
+        """Add a dispatched request's expected cost to the replica's signal."""
+        self.loads.add(replica, cost, now)
+        if request_id:
+            if len(self._charged) > 100_000:  # outcomes that never came back: forget them
+                self._charged.clear()
+            self._charged[request_id] = cost
 
     def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
         """Plain-pipeline use: charge the request's own cost estimate."""
         self.charge(request.request_id, replica, request.cost_mu, now)
 
     def on_complete(self, request: RequestInfo, replica: str, now: float, cost_mu: float, ok: bool) -> None:
-        held = self._charged.pop(request.request_id, None)
-        if held is None:
-            return
-        charged = held[1]
-        settles = ok and cost_mu > 0
-        if self.holds:
-            # Outstanding until now: it leaves the held MU, and what it cost (its estimate where the outcome
-            # says nothing) joins the decayed history from now.
-            self.loads.release(held[0], charged, cost_mu if settles else charged, now)
-        elif settles:
+        charged = self._charged.pop(request.request_id, None)
+        if charged is not None and ok and cost_mu > 0:
             # Settle: the load signal follows what the request really cost, not its estimate.
             self.loads.add(replica, cost_mu - charged, now)
