@@ -113,8 +113,8 @@ def run_cell(args: argparse.Namespace, path: Path, seed: int, noise: str, worklo
     if res.returncode != 0:
         sys.exit(f"{workload} x{load} seed {seed} noise {noise} failed:\n{res.stderr[-2000:]}")
     path.write_text(res.stdout)
-    load_avg = os.getloadavg()[0]
-    print(f"{time.strftime('%H:%M:%S', time.gmtime())} load {load_avg:.2f} {path.name} {time.time() - t0:.0f} s")
+    stamp = time.strftime("%H:%M:%S", time.gmtime())
+    print(f"{stamp} load {os.getloadavg()[0]:.2f} {path.name} {time.time() - t0:.0f} s", flush=True)
 
 
 def summarise(outs: list[Path], runs: list[tuple[int, str]], ref: str, worst: int) -> str:
