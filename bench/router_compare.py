@@ -61,7 +61,7 @@ from fleetgate.bench.replay import PlannedRequest, ReplayOptions, plan_requests,
 from fleetgate.engines.llama import default_binary
 from fleetgate.sim.des import SimConfig
 from fleetgate.sim.speed import SpeedVariation
-from fleetgate.sim.traces import default_traces_dir, load_trace
+from fleetgate.sim.traces import Trace, default_traces_dir, load_trace
 
 __all__ = ["ENGINE_PROFILE", "LLAMA_MODEL", "LlamaFleet", "engine_facts"]  # router_compare_sim uses them
 
@@ -502,6 +502,24 @@ def targets(results: dict[str, dict[str, Any]], ours: str = "fleetgate:fleetgate
 # --------------------------------------------------------------------------------------------- main
 
 
+def load_workload(args: argparse.Namespace) -> Trace:
+    """The seeded generated workload ``--workload`` for ``--replicas`` (``session_affinity.build``: the trace
+    the simulator's matrix runs), its first ``--requests`` requests by arrival."""
+    from session_affinity import PER_REPLICA, build
+
+    per = args.workload_per_replica or PER_REPLICA[args.workload]
+    trace = build(args.workload, args.replicas, args.workload_load, per, args.workload_seed, Path("/"))
+    return replace(trace, requests=trace.requests[: args.requests])
+
+
+def workload_meta(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What ``router_compare_sim.py --from-live`` needs to rebuild ``load_workload``'s trace."""
+    if not args.workload:
+        return None
+    return {"name": args.workload, "load": args.workload_load, "per_replica": args.workload_per_replica,
+            "seed": args.workload_seed}  # fmt: skip
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -517,6 +535,17 @@ def main() -> None:
     ap.add_argument(
         "--trace", type=Path, default=default_traces_dir() / "mooncake" / "conversation_trace.jsonl"
     )
+    ap.add_argument(
+        "--workload", default=None, choices=("agentic", "rag", "batch", "mix"),
+        help="Replay a seeded generated workload (bench/workloads/, built as session_affinity.py builds it "
+        "for --replicas) instead of --trace; use with --no-calibrate (--rate-scale 4: the engines' "
+        "--time-scale 0.25 makes the generator's seconds a quarter as long).",
+    )  # fmt: skip
+    ap.add_argument("--workload-load", type=float, default=0.01, help="session_affinity.py's --load.")
+    ap.add_argument(
+        "--workload-per-replica", type=float, default=None, help="session_affinity.py's --per-replica."
+    )
+    ap.add_argument("--workload-seed", type=int, default=0, help="The generator's seed.")
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument(
         "--engine", choices=("sim", "llama"), default="sim",
@@ -643,7 +672,7 @@ def main() -> None:
         return
     started = time.monotonic()
     load_at_start = os.getloadavg()[0]
-    trace = load_trace(args.trace, max_requests=args.requests)
+    trace = load_workload(args) if args.workload else load_trace(args.trace, max_requests=args.requests)
     synth = PromptSynth(tokens_scale=args.tokens_scale)
     full = plan_requests(trace, synth)  # unscaled arrival times; divided by the rate scale below
     span = full[-1].at_s if full else 0.0
@@ -670,7 +699,8 @@ def main() -> None:
             "llama": asdict(setup.llama) if args.engine == "llama" else None,
             "llama_server": str(default_binary()) if args.engine == "llama" else None,
             "command": " ".join(sys.argv),
-            "trace": str(args.trace),
+            "trace": str(args.trace) if not args.workload else None,
+            "workload": workload_meta(args),
             "requests": len(full),
             "rate_scale": rate,
             "replay_span_s": planned[-1].at_s if planned else 0.0,

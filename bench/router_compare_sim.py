@@ -43,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from router_compare import ENGINE_PROFILE, LlamaFleet, engine_facts
+from router_compare import ENGINE_PROFILE, LlamaFleet, engine_facts, load_workload
 
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.units import DEFAULT_PROFILE
@@ -221,7 +221,10 @@ def live_words(meta: dict[str, Any]) -> int:
     from fleetgate.bench.prompts import PromptSynth
     from fleetgate.bench.replay import plan_requests
 
-    trace = load_trace(meta["trace"], max_requests=meta["requests"])
+    if meta.get("workload"):
+        trace = load_workload(workload_args(meta))
+    else:
+        trace = load_trace(meta["trace"], max_requests=meta["requests"])
     planned = plan_requests(trace, PromptSynth(tokens_scale=meta["tokens_scale"]))
     return sum(len(r.prompt.split()) for r in planned)
 
@@ -248,10 +251,28 @@ def live_speed(meta: dict[str, Any]) -> tuple[SpeedVariation, str]:
     )
 
 
+def workload_args(meta: dict[str, Any]) -> argparse.Namespace:
+    """``router_compare.load_workload``'s arguments from a live run's ``meta`` (``--workload`` runs)."""
+    w = meta["workload"]
+    return argparse.Namespace(
+        workload=w["name"],
+        workload_load=w["load"],
+        workload_per_replica=w["per_replica"],
+        workload_seed=w["seed"],
+        replicas=meta["replicas"],
+        requests=meta["requests"],
+    )
+
+
 def apply_live(args: argparse.Namespace, live: dict[str, Any]) -> None:
     """Set ``args`` to predict the live run ``live`` (``router_compare.py --out``, sim or llama engines)."""
     meta = live["meta"]
-    args.trace = Path(meta["trace"])
+    if meta.get("workload"):
+        w = meta["workload"]
+        args.workload, args.workload_load = w["name"], w["load"]
+        args.workload_per_replica, args.workload_seed = w["per_replica"], w["seed"]
+    else:
+        args.trace = Path(meta["trace"])
     args.requests = meta["requests"]
     args.slices = "0"
     args.rate = meta["rate_scale"]
@@ -408,6 +429,14 @@ def main() -> None:
     ap.add_argument("--no-engine-facts", action="store_true")
     ap.add_argument("--engine", choices=("sim", "llama"), default="sim")
     ap.add_argument("--trace", type=Path, default=None, help="Default: the Mooncake conversation trace.")
+    ap.add_argument(
+        "--workload", default=None, choices=("agentic", "rag", "batch", "mix"),
+        help="A seeded generated workload as router_compare.py --workload replays it (instead of --trace; "
+        "one slice from its first request, --requests of it, --rate as the live --rate-scale).",
+    )  # fmt: skip
+    ap.add_argument("--workload-load", type=float, default=0.01)
+    ap.add_argument("--workload-per-replica", type=float, default=None)
+    ap.add_argument("--workload-seed", type=int, default=0)
     ap.add_argument("--prefill-tokens-per-s", type=float, default=5747.0, help="llama: calibrated prefill.")
     ap.add_argument("--prefill-s-per-token-sq", type=float, default=0.0, help="llama: attention term.")
     ap.add_argument("--decode-step-s", type=float, default=0.003, help="llama: one iteration's time.")
@@ -454,7 +483,11 @@ def main() -> None:
         args.tokenizer = default_hf_model() / "tokenizer.json"
     starts = [int(x) for x in args.slices.split(",")]
     path = args.trace or default_traces_dir() / "mooncake" / "conversation_trace.jsonl"
-    full = load_trace(path, max_requests=max(starts) + args.requests).requests
+    if args.workload:
+        starts = [0]
+        full = load_workload(args).requests
+    else:
+        full = load_trace(path, max_requests=max(starts) + args.requests).requests
     factor = 1.0
     llama_live: dict[int, Trace] = {}  # slice start -> the live llama prompts (tokenized once)
     if args.engine == "llama":
