@@ -5,6 +5,7 @@ and the synthesised words included), not the trace's scaled lengths, which are 6
 from __future__ import annotations
 
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,32 @@ def test_llama_live_prompts_count_the_tiny_models_tokens_and_keep_the_gateways_h
         assert sim_req.hash_ids == parsed.prefix_hashes  # where the live gateway places the request
         assert sim_req.block_tokens == max(1, round(16 * engine_tokens / parsed.input_tokens))
         assert sim_req.arrival_s == p.at_s / 1.5
+
+
+def test_a_live_workload_replay_is_session_affinitys_trace_and_the_prediction_rebuilds_it() -> None:
+    """``router_compare.py --workload agentic`` replays the first ``--requests`` of the trace
+    ``session_affinity.build`` gives the simulator's matrix, and ``--from-live`` rebuilds it from ``meta``."""
+    import argparse
+
+    from router_compare import load_workload, workload_meta
+    from router_compare_sim import workload_args
+    from session_affinity import build
+
+    args = argparse.Namespace(
+        workload="agentic", workload_load=0.08, workload_per_replica=5.0, workload_seed=3, replicas=4,
+        requests=50,
+    )  # fmt: skip
+    trace = load_workload(args)
+    full = build("agentic", 4, 0.08, 5.0, 3, Path("/"))
+    assert 0 < len(trace.requests) == 50 < len(full.requests)
+    assert trace.requests == full.requests[:50]
+    # the prompts share what the generator's sessions share: a later turn extends an earlier one's blocks
+    by_session: dict[str, list[tuple[int, ...]]] = {}
+    for r in trace.requests:
+        by_session.setdefault(r.session or "", []).append(r.hash_ids)
+    turns = [(a, b) for hs in by_session.values() for a, b in pairwise(hs)]
+    assert turns and all(b[: len(a)] == a for a, b in turns)
+    meta = {"workload": workload_meta(args), "replicas": 4, "requests": 50}
+    assert load_workload(workload_args(meta)).requests == trace.requests
+    live = live_prompt_slice(trace.requests, 14.0, 1 / 32).requests
+    assert len(live) == 50 and all(r.input_tokens > 0 and r.hash_ids for r in live)
