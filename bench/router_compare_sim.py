@@ -44,6 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from router_compare import ENGINE_PROFILE, LlamaFleet, engine_facts, load_workload
+from sglang_router_model import SglangCacheAwareModel
 
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.units import DEFAULT_PROFILE
@@ -198,13 +199,15 @@ def send_jitter(trace: Trace, max_s: float, seed: int) -> Trace:
 
 
 #: What the simulator runs for each live contender (it has no model of vllm-router's own cache_aware).
+#: sglang-router's ``cache_aware`` is ``sglang_router_model`` (session 10; ``--sglang-model cache_aware``:
+#: our own cache_aware, the stand-in of the predictions recorded before).
 SIM_POLICY = {
     "fleetgate:fleetgate": "fleetgate",
     "fleetgate:cache_aware": "cache_aware",
     "fleetgate:round_robin": "round_robin",
     "fleetgate:least_requests": "least_requests",
     "fleetgate:p2c": "p2c",
-    "sglang-router:cache_aware": "cache_aware",
+    "sglang-router:cache_aware": "sglang_cache_aware",
     "vllm-router:round_robin": "round_robin",
 }
 
@@ -462,6 +465,12 @@ def main() -> None:
         "(seeded): the prediction of each live ratio is then the median over the N runs.",
     )  # fmt: skip
     ap.add_argument("--jitter-ms", type=float, default=10.0, help="Largest arrival delay of --send-jitter.")
+    ap.add_argument(
+        "--sglang-model", choices=("sglang_cache_aware", "cache_aware"), default="sglang_cache_aware",
+        help="With --from-live: what stands in for sglang-router:cache_aware (the model of its policy, "
+        "bench/sglang_router_model.py; or our own cache_aware, the stand-in before session 10). The model's "
+        "worker preference order is drawn anew for each --send-jitter draw (one draw: one router launch).",
+    )  # fmt: skip
     ap.add_argument("--speed-noise", type=float, default=0.0, help="sim: replica speeds wander (sim.speed).")
     ap.add_argument("--speed-period", type=float, default=10.0, help="sim: seconds between speed redraws.")
     ap.add_argument("--speed-seed", type=int, default=1, help="sim: the speed schedule's seed.")
@@ -476,6 +485,7 @@ def main() -> None:
     )  # fmt: skip
     args = ap.parse_args()
     live: dict[str, Any] | None = None
+    SIM_POLICY["sglang-router:cache_aware"] = args.sglang_model
     if args.from_live:
         live = json.loads(args.from_live.read_text())
         apply_live(args, live)
@@ -535,12 +545,16 @@ def main() -> None:
             return live_prompt_slice(reqs, args.rate, args.tokens_scale)
         return scaled_slice(reqs, args.rate, args.tokens_scale, factor)
 
-    def simulate(trace: Trace, label: str) -> tuple[Any, Figures]:
+    def simulate(trace: Trace, label: str, draw: int = 0) -> tuple[Any, Figures]:
         name, _, tag = label.partition("@")
         p = {**(facts if name == "fleetgate" else {}), **params.get(tag or name, {})}
+        if name == "sglang_cache_aware":  # a model of another router, not one of ours
+            policy: Any = SglangCacheAwareModel.build({"order_seed": draw, **p})
+        else:
+            policy = build_policy(name, p)
         sim = Simulator(
             trace,
-            build_policy(name, p),
+            policy,
             DEFAULT_PROFILE,
             make_engine,
             SimConfig(replicas=args.replicas, seed=1, replica_ids=ids),
@@ -567,7 +581,7 @@ def main() -> None:
                 first[label] = res
                 draws[label] = [fig]
                 for j in range(1, args.send_jitter):
-                    draws[label].append(simulate(send_jitter(trace, args.jitter_ms / 1000, j), label)[1])
+                    draws[label].append(simulate(send_jitter(trace, args.jitter_ms / 1000, j), label, j)[1])
     ref = out[names[0]]
     print(f"slices {starts} x {args.requests} requests, rate x{args.rate}, {args.replicas} replicas")
     print(
