@@ -15,8 +15,10 @@ the least loaded. The real router does not look at load there. What this model k
    whoever holds it; the worker is **the first tag of the deepest node reached** in the node's hash-map
    iteration order (a ``DashMap`` keyed by worker URL with a per-process random hasher: in effect a fixed
    preference order of the workers, drawn anew at each router launch), not the least loaded one.
-3. If the matched share of the text is at most ``cache_threshold``, the worker with the fewest characters
-   in the tree (``get_smallest_tenant``) instead; its ties also go by that order.
+3. If the matched share of the text is at most ``cache_threshold``: in 0.3.2 (the model gateway's
+   ``sgl-model-gateway/src/policies/cache_aware.rs``; its log lines say ``smg::``) the least-loaded worker,
+   ties to the first in ``--worker-urls`` order; in the older ``sgl-router`` the worker with the fewest
+   characters in the tree (``get_smallest_tenant``), ties by the preference order (``miss_route``).
 4. Every ``eviction_interval_s`` each worker's part of the tree is trimmed LRU-leaf first to
    ``max_tree_size`` characters (2**26 by default: never reached by the replays here).
 
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -54,6 +56,11 @@ class SglangCacheAwareParams(PluginParams):
     eviction_interval_s: float = Field(default=60.0, gt=0, description="Seconds between tree trims.")
     max_tree_size: int = Field(default=2**26, ge=1, description="Characters per worker after a trim.")
     order_seed: int = Field(default=0, description="The launch's worker preference order (hash seed).")
+    miss_route: Literal["least_load", "smallest_tree"] = Field(
+        default="least_load",
+        description="A match at or below cache_threshold: the least-loaded worker (0.3.2, the model "
+        "gateway's policy) or the smallest tree (the older sgl-router's).",
+    )
 
 
 def preference(name: str, seed: int) -> bytes:
@@ -71,7 +78,7 @@ class SglangCacheAwareModel(PolicyBase):
         self.params = params or SglangCacheAwareParams()
         self.index = PrefixIndex()
         self._next_eviction: float | None = None
-        self.decisions: dict[str, int] = {"imbalanced": 0, "match": 0, "smallest_tree": 0}
+        self.decisions: dict[str, int] = {"imbalanced": 0, "match": 0, "least_load": 0, "smallest_tree": 0}
 
     @classmethod
     def build(cls, params: Any = None) -> SglangCacheAwareModel:
@@ -114,6 +121,11 @@ class SglangCacheAwareModel(PolicyBase):
             self.decisions["match"] += 1
             best = self._first([r for r in cands if r.name in holders])
             return RouteDecision(best.name, {"match": share}, "sglang_cache_aware:match")
+        if p.miss_route == "least_load":  # the first least-loaded worker in --worker-urls order
+            self.decisions["least_load"] += 1
+            least = min(r.inflight_requests for r in cands)
+            best = next(r for r in cands if r.inflight_requests == least)
+            return RouteDecision(best.name, {"match": share}, "sglang_cache_aware:least_load")
         self.decisions["smallest_tree"] += 1
         smallest = min(self.index.size(r.name) for r in cands)
         best = self._first([r for r in cands if self.index.size(r.name) == smallest])

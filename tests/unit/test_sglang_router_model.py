@@ -37,7 +37,7 @@ def order(seed: int) -> list[str]:
 
 
 def test_misses_fill_the_smallest_tree_in_the_launch_preference_order() -> None:
-    m = SglangCacheAwareModel.build({"order_seed": 3})
+    m = SglangCacheAwareModel.build({"order_seed": 3, "miss_route": "smallest_tree"})
     first = [route(m, req((100 + i,))) for i in range(4)]
     assert first == order(3)  # every tree empty, then the next empty one: ties go by the fixed order
     assert m.decisions["smallest_tree"] == 4
@@ -59,7 +59,7 @@ def test_deepest_match_goes_to_its_first_holder_whatever_its_load() -> None:
 
 
 def test_a_match_at_or_below_the_threshold_routes_to_the_smallest_tree() -> None:
-    m = SglangCacheAwareModel.build({"order_seed": 0, "cache_threshold": 0.5})
+    m = SglangCacheAwareModel.build({"order_seed": 0, "cache_threshold": 0.5, "miss_route": "smallest_tree"})
     big = order(0)[-1]
     m.index.insert(big, (1, 2, 3, 4, 5, 6))
     for n in NAMES:
@@ -67,9 +67,20 @@ def test_a_match_at_or_below_the_threshold_routes_to_the_smallest_tree() -> None
             m.index.insert(n, (200 + NAMES.index(n),))
     # matches 2 of 4 blocks on `big` only: 0.5 is not above the threshold; the three 1-block trees tie
     assert route(m, req((1, 2, 8, 9))) == next(n for n in order(0) if n != big)
-    assert m.decisions == {"imbalanced": 0, "match": 0, "smallest_tree": 1}
+    assert m.decisions == {"imbalanced": 0, "match": 0, "least_load": 0, "smallest_tree": 1}
     # 3 of 4 is: cache routing
     assert route(m, req((1, 2, 3, 9))) == big
+
+
+def test_a_miss_goes_to_the_first_least_loaded_worker_by_default() -> None:
+    m = SglangCacheAwareModel.build({"order_seed": 0})
+    m.index.insert("r0", (1, 2, 3, 4))
+    # no match: least loaded, ties to the first in fleet order (not the preference order, not tree size)
+    assert route(m, req((7, 8)), loads={"r0": 3, "r1": 1, "r2": 2, "r3": 1}) == "r1"
+    assert route(m, req((9,))) == "r0"
+    # 2 of 4 blocks: 0.5 > 0.3, so the holder, whatever its load
+    assert route(m, req((1, 2, 5, 6)), loads={"r0": 9}) == "r0"
+    assert m.decisions == {"imbalanced": 0, "match": 1, "least_load": 2, "smallest_tree": 0}
 
 
 def test_imbalance_needs_both_thresholds_and_then_takes_the_least_loaded() -> None:
