@@ -46,8 +46,12 @@ def test_tail_bound_sets_a_late_replica_aside_and_counts_it(
     # The bound alone, on each replica's own learned rate (the defaults before session 10 but the bound):
     # with the default's pooled rates a replica not learned yet counts as the median, and the slow one got
     # 3 of the 10 requests here before the bound set it aside ([3, 4, 3]).
-    params = {"tail_bound_s": 0.3, "tail_bound_keep_share": None, "learned_rate_noise": 1.0}
-    params["learned_rate_scale"] = "seconds"
+    params: dict[str, object] = {
+        "tail_bound_s": 0.3,
+        "tail_bound_keep_share": None,
+        "learned_rate_noise": 1.0,
+        "learned_rate_scale": "seconds",
+    }
     gateway = start_gateway({MODEL: engines}, "fleetgate", routing_params=params)
     url = gateway.wait_ready()
     metrics = httpx.get(url + "/metrics", timeout=5).text
