@@ -44,7 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from router_compare import ENGINE_PROFILE, LlamaFleet, engine_facts, load_workload
-from sglang_router_model import SglangCacheAwareModel
+from sglang_router_model import VLLM_ROUTER_DEFAULTS, SglangCacheAwareModel
 
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.units import DEFAULT_PROFILE
@@ -198,9 +198,11 @@ def send_jitter(trace: Trace, max_s: float, seed: int) -> Trace:
     return replace(trace, requests=sorted(moved, key=lambda r: r.arrival_s))
 
 
-#: What the simulator runs for each live contender (it has no model of vllm-router's own cache_aware).
-#: sglang-router's ``cache_aware`` is ``sglang_router_model`` (session 10; ``--sglang-model cache_aware``:
-#: our own cache_aware, the stand-in of the predictions recorded before).
+#: What the simulator runs for each live contender. sglang-router's ``cache_aware`` is
+#: ``sglang_router_model`` (session 10; ``--sglang-model cache_aware``: our own cache_aware, the stand-in
+#: of the predictions recorded before); vllm-router 0.1.17's ``cache_aware`` (a fork of the same policy:
+#: miss -> least loaded; its session map acts only on a session header or body key, which the replay
+#: does not send) is the same model with vllm-router's launch defaults (``VLLM_ROUTER_DEFAULTS``).
 SIM_POLICY = {
     "fleetgate:fleetgate": "fleetgate",
     "fleetgate:cache_aware": "cache_aware",
@@ -208,6 +210,7 @@ SIM_POLICY = {
     "fleetgate:least_requests": "least_requests",
     "fleetgate:p2c": "p2c",
     "sglang-router:cache_aware": "sglang_cache_aware",
+    "vllm-router:cache_aware": "sglang_cache_aware@vllm_router",
     "vllm-router:round_robin": "round_robin",
 }
 
@@ -521,6 +524,7 @@ def main() -> None:
         perf = live_engine(args.time_scale)
         facts = {} if args.no_engine_facts else engine_facts(args.time_scale)
     params: dict[str, dict[str, Any]] = json.loads(args.params)
+    params.setdefault("vllm_router", VLLM_ROUTER_DEFAULTS)
     names = args.policies.split(",")
     out: dict[str, list[Figures]] = {}
     speed = SpeedVariation(noise=args.speed_noise, period_s=args.speed_period, seed=args.speed_seed)
