@@ -44,7 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from router_compare import ENGINE_PROFILE, LlamaFleet, engine_facts, load_workload
-from sglang_router_model import VLLM_ROUTER_DEFAULTS, SglangCacheAwareModel
+from sglang_router_model import SglangCacheAwareModel
 
 from fleetgate.core.routing.registry import build_policy
 from fleetgate.core.units import DEFAULT_PROFILE
@@ -198,11 +198,11 @@ def send_jitter(trace: Trace, max_s: float, seed: int) -> Trace:
     return replace(trace, requests=sorted(moved, key=lambda r: r.arrival_s))
 
 
-#: What the simulator runs for each live contender. sglang-router's ``cache_aware`` is
-#: ``sglang_router_model`` (session 10; ``--sglang-model cache_aware``: our own cache_aware, the stand-in
-#: of the predictions recorded before); vllm-router 0.1.17's ``cache_aware`` (a fork of the same policy:
-#: miss -> least loaded; its session map acts only on a session header or body key, which the replay
-#: does not send) is the same model with vllm-router's launch defaults (``VLLM_ROUTER_DEFAULTS``).
+#: What the simulator runs for each live contender. vllm-router 0.1.17's cache_aware is not modelled: on the
+#: simulated engines it does no prefix routing (docs/benchmarks.md, "### vllm-router" of session 10), and
+#: neither the sglang-router model nor a load-only policy predicted its live run.
+#: sglang-router's ``cache_aware`` is ``sglang_router_model`` (session 10; ``--sglang-model cache_aware``:
+#: our own cache_aware, the stand-in of the predictions recorded before).
 SIM_POLICY = {
     "fleetgate:fleetgate": "fleetgate",
     "fleetgate:cache_aware": "cache_aware",
@@ -210,7 +210,6 @@ SIM_POLICY = {
     "fleetgate:least_requests": "least_requests",
     "fleetgate:p2c": "p2c",
     "sglang-router:cache_aware": "sglang_cache_aware",
-    "vllm-router:cache_aware": "sglang_cache_aware@vllm_router",
     "vllm-router:round_robin": "round_robin",
 }
 
@@ -524,7 +523,6 @@ def main() -> None:
         perf = live_engine(args.time_scale)
         facts = {} if args.no_engine_facts else engine_facts(args.time_scale)
     params: dict[str, dict[str, Any]] = json.loads(args.params)
-    params.setdefault("vllm_router", VLLM_ROUTER_DEFAULTS)
     names = args.policies.split(",")
     out: dict[str, list[Figures]] = {}
     speed = SpeedVariation(noise=args.speed_noise, period_s=args.speed_period, seed=args.speed_seed)

@@ -63,15 +63,6 @@ class SglangCacheAwareParams(PluginParams):
     )
 
 
-#: vllm-router 0.1.17's launch defaults where they differ from sglang-router's (``router_args.py``:
-#: threshold 0.3 and balance 64 / 1.5 are the same). Its ``cache_aware.rs`` (vllm-project/router, read, not
-#: copied) takes the least-loaded worker on a match of 0.3 or less, as the model gateway does, and its tree
-#: caches the deepest node's last tenant likewise; its exact-match session map is consulted only when a
-#: request carries a session key (an ``X-Session-ID``-style header or ``session_params``), else the chat
-#: history is probed as text: the same decisions as this model.
-VLLM_ROUTER_DEFAULTS: dict[str, Any] = {"eviction_interval_s": 120.0, "max_tree_size": 2**25}
-
-
 def preference(name: str, seed: int) -> bytes:
     """Sort key of ``name`` in the preference order of launch ``seed`` (stable across processes)."""
     return hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()

@@ -98,18 +98,3 @@ def test_the_preference_order_is_a_stable_function_of_the_seed() -> None:
     assert order(5) == order(5)
     assert len({tuple(order(s)) for s in range(12)}) > 1
     assert preference("r0", 1) == preference("r0", 1) != preference("r0", 2)
-
-
-def test_vllm_router_defaults_differ_only_in_eviction() -> None:
-    """vllm-router's cache_aware is this model with its own eviction defaults (120 s, 2**25 characters)."""
-    from sglang_router_model import VLLM_ROUTER_DEFAULTS, SglangCacheAwareParams
-
-    base = SglangCacheAwareParams()
-    vllm = SglangCacheAwareModel.build(VLLM_ROUTER_DEFAULTS).params
-    assert (vllm.eviction_interval_s, vllm.max_tree_size) == (120.0, 2**25)
-    assert (vllm.cache_threshold, vllm.balance_abs_threshold, vllm.balance_rel_threshold) == (
-        base.cache_threshold,
-        base.balance_abs_threshold,
-        base.balance_rel_threshold,
-    )
-    assert vllm.miss_route == "least_load"
