@@ -35,6 +35,7 @@ import argparse
 import json
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -132,12 +133,20 @@ def scaled_slice(
     )
 
 
-def live_prompt_slice(reqs: list[TraceRequest], rate: float, tokens_scale: float) -> Trace:
-    """``reqs`` as a live sim-engine replay sends them (``PromptSynth``'s prompts in ``bench.replay``'s chat
-    body), from their first arrival at ``rate`` x: each request's length and 16-token block hashes are what
-    the gateway and the simulated engine count (``core.tokenize``, which both share), so the template and
-    the synthesised words are included (on the Mooncake slice 6% more tokens than the scaled trace
-    lengths ``scaled_slice`` gives: near saturation that moved the default's p99 by 40%)."""
+def live_prompt_slice(
+    reqs: list[TraceRequest],
+    rate: float,
+    tokens_scale: float,
+    hash_block: int = 16,
+    engine_tokens: Callable[[list[dict[str, Any]]], int] | None = None,
+) -> Trace:
+    """``reqs`` as a live replay sends them (``PromptSynth``'s prompts in ``bench.replay``'s chat body), from
+    their first arrival at ``rate`` x: each request's length and ``hash_block``-token block hashes are what
+    the gateway counts (``core.tokenize``, which the simulated engine shares), so the template and the
+    synthesised words are included (on the Mooncake slice 6% more tokens than the scaled trace lengths
+    ``scaled_slice`` gives: near saturation that moved the default's p99 by 40%). ``engine_tokens``: the
+    engine's own count of a request's messages when it tokenizes differently (llama: ``llama_prompt_slice``);
+    a hash block then stands for ``hash_block * engine tokens / gateway tokens`` of its engine tokens."""
     from fleetgate.bench.prompts import PromptSynth
     from fleetgate.bench.replay import ReplayOptions, plan_requests, request_body
     from fleetgate.core.tokenize import PromptTokenizer
@@ -146,46 +155,41 @@ def live_prompt_slice(reqs: list[TraceRequest], rate: float, tokens_scale: float
     tok, opts = PromptTokenizer(), ReplayOptions(base_url="", model="")
     out = []
     for p, r in zip(planned, reqs, strict=True):
-        _text, n, hashes = tok.count_and_hash_chat(request_body(p, opts)["messages"], 16, hashes=True)
+        messages = request_body(p, opts)["messages"]
+        _text, n, hashes = tok.count_and_hash_chat(messages, hash_block, hashes=True)
+        engine_n = n if engine_tokens is None else engine_tokens(messages)
+        block = hash_block if engine_tokens is None else max(1, round(hash_block * engine_n / n))
         out.append(
             TraceRequest(
-                arrival_s=p.at_s / rate, input_tokens=n, output_tokens=p.max_tokens, tenant=r.tenant,
-                hash_ids=hashes, block_tokens=16, session=r.session,
+                arrival_s=p.at_s / rate, input_tokens=engine_n, output_tokens=p.max_tokens, tenant=r.tenant,
+                hash_ids=hashes, block_tokens=block, session=r.session,
             )
         )  # fmt: skip
-    return Trace("mooncake-live-prompts", out, "mooncake")
+    return Trace(
+        "mooncake-live-prompts" if engine_tokens is None else "mooncake-live-prompts-llama", out, "mooncake"
+    )
 
 
 def llama_prompt_slice(
     reqs: list[TraceRequest], rate: float, tokens_scale: float, tokenizer: Path, hash_block: int = 16
 ) -> Trace:
-    """``reqs`` as a live llama replay sends them: the prompts of ``live_prompt_slice`` (the same chat
-    bodies), each one's length in the tiny model's tokens (its ``tokenizer.json`` on the rendered ChatML
-    prompt, what llama-server counts: ``usage.prompt_tokens`` of the live run checks it) and the 16-token
-    block hashes the gateway computes (``core.tokenize``: where the live router puts each key; blocks of
-    ``hash_block`` of its tokens, 16 live). A hash block stands for ``hash_block * engine tokens / gateway
-    tokens`` of the request's engine tokens, so the engine's hits are in its own tokens. llama-server reuses
-    any common token prefix, the simulated cache only whole blocks: smaller blocks model it more closely
-    but show the router finer prefixes than the live gateway hashes."""
-    from fleetgate.bench.prompts import PromptSynth
-    from fleetgate.bench.replay import ReplayOptions, plan_requests, request_body
-    from fleetgate.core.tokenize import PromptTokenizer, render_chat_prompt
+    """``reqs`` as a live llama replay sends them: ``live_prompt_slice``'s prompts, each one's length in the
+    tiny model's tokens (its ``tokenizer.json`` on the rendered ChatML prompt, what llama-server counts:
+    ``usage.prompt_tokens`` of the live run checks it) with the gateway's block hashes (blocks of
+    ``hash_block`` of its tokens, 16 live). llama-server reuses any common token prefix, the simulated cache
+    only whole blocks: smaller blocks model it more closely but show the router finer prefixes than the live
+    gateway hashes."""
+    from fleetgate.core.tokenize import render_chat_prompt
     from fleetgate.hf_tokenizer import load_tokenizer
 
-    planned = plan_requests(Trace("slice", reqs, "mooncake"), PromptSynth(tokens_scale=tokens_scale))
-    tok, opts, engine_tok = PromptTokenizer(), ReplayOptions(base_url="", model=""), load_tokenizer(tokenizer)
-    out = []
-    for p, r in zip(planned, reqs, strict=True):
-        messages = request_body(p, opts)["messages"]
-        _text, n, hashes = tok.count_and_hash_chat(messages, hash_block, hashes=True)
-        engine_n = len(engine_tok.encode(render_chat_prompt(messages)))
-        out.append(
-            TraceRequest(
-                arrival_s=p.at_s / rate, input_tokens=engine_n, output_tokens=p.max_tokens, tenant=r.tenant,
-                hash_ids=hashes, block_tokens=max(1, round(hash_block * engine_n / n)), session=r.session,
-            )
-        )  # fmt: skip
-    return Trace("mooncake-live-prompts-llama", out, "mooncake")
+    engine_tok = load_tokenizer(tokenizer)
+    return live_prompt_slice(
+        reqs,
+        rate,
+        tokens_scale,
+        hash_block,
+        lambda messages: len(engine_tok.encode(render_chat_prompt(messages))),
+    )
 
 
 def send_jitter(trace: Trace, max_s: float, seed: int) -> Trace:

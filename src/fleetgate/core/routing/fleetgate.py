@@ -311,8 +311,9 @@ class FleetgatePolicy(PolicyBase):
         depth_of = (depths or {}).get
         # Only these can be the cache leader or the subset's fastest (one set test for every other replica).
         marked = (depths or {}).keys() | rank_of.keys()
-        # The usual configuration (no configured prefill rate, no pooling, no extra scorers, the engine queue
-        # trusted) gets a loop without those branches; the general loop below is the same rule.
+        # Without a configured prefill rate, pooling or extra scorers, with the engine queue trusted, a loop
+        # without those branches; the general loop below is the same rule. (The session-10 defaults pool
+        # learned rates, so they take the general loop: 1.1-1.2x per pick, docs/benchmarks.md.)
         plain = per_replica_rate and pool is None and extra is None and engine_q and spt > 0
         while True:  # a second pass without the guard only if the guard left nothing (a huge request)
             best: ReplicaSnapshot | None = None
