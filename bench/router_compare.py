@@ -63,7 +63,8 @@ from fleetgate.sim.des import SimConfig
 from fleetgate.sim.speed import SpeedVariation
 from fleetgate.sim.traces import Trace, default_traces_dir, load_trace
 
-__all__ = ["ENGINE_PROFILE", "LLAMA_MODEL", "LlamaFleet", "engine_facts"]  # router_compare_sim uses them
+# router_compare_sim uses them
+__all__ = ["ENGINE_PROFILE", "LLAMA_MODEL", "LlamaFleet", "engine_facts", "engine_profile"]
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -103,7 +104,16 @@ ENGINE_PROFILE = {
 }
 
 
-def engine_facts(time_scale: float) -> dict[str, Any]:
+def engine_profile(prefix_cache_blocks: int | None = None) -> dict[str, Any]:
+    """``ENGINE_PROFILE``'s perf mapping, its prefix cache resized to ``prefix_cache_blocks`` when given
+    (``--engine-cache-blocks``: runs where the caches do not hold the working set)."""
+    perf = dict(ENGINE_PROFILE["perf"])
+    if prefix_cache_blocks is not None:
+        perf["prefix_cache_blocks"] = prefix_cache_blocks
+    return perf
+
+
+def engine_facts(time_scale: float, perf_map: dict[str, Any] | None = None) -> dict[str, Any]:
     """What an operator tells fleetgate's policy about these engines (docs/routing.md, "Parameters").
 
     ``cache_tokens_per_replica``: the engines' prefix-cache capacity; ``prefill_tokens_per_s``: their
@@ -113,7 +123,7 @@ def engine_facts(time_scale: float) -> dict[str, Any]:
     """
     from fleetgate.simengine.perfmodel import PerfParams
 
-    perf = PerfParams.from_mapping(ENGINE_PROFILE["perf"])
+    perf = PerfParams.from_mapping(perf_map or ENGINE_PROFILE["perf"])
     facts: dict[str, Any] = {
         "cache_tokens_per_replica": (perf.prefix_cache_blocks or 0) * perf.block_tokens
         or perf.kv_capacity_tokens
@@ -564,6 +574,11 @@ def main() -> None:
     ap.add_argument("--tokens-scale", type=float, default=1 / 32)
     ap.add_argument("--engine-time-scale", type=float, default=0.25, help="Engines' --time-scale.")
     ap.add_argument(
+        "--engine-cache-blocks", type=int, default=None,
+        help="sim engines: prefix-cache blocks per replica (default: ENGINE_PROFILE's 4,096); fleetgate's "
+        "cache_tokens_per_replica follows it.",
+    )  # fmt: skip
+    ap.add_argument(
         "--rate-scale", type=float, default=6.0, help="Start (or fixed, with --no-calibrate) rate."
     )
     ap.add_argument("--no-calibrate", action="store_true")
@@ -622,7 +637,8 @@ def main() -> None:
     profile_path = logdir / "engine-profile.yaml"
     import yaml
 
-    profile_path.write_text(yaml.safe_dump(ENGINE_PROFILE))
+    perf_map = engine_profile(args.engine_cache_blocks)
+    profile_path.write_text(yaml.safe_dump({"perf": perf_map}))
     ncpu = os.cpu_count() or 1
     engine_cpus = router_cpus = None
     # llama-server replicas are CPU-bound: pinned to one core they would time-share it as one engine, so
@@ -658,7 +674,7 @@ def main() -> None:
             facts = {"cache_tokens_per_replica": setup.llama.cache_tokens()}
             setup.policy_params["fleetgate"] = {**facts, **setup.policy_params.get("fleetgate", {})}
     elif not args.no_engine_facts:
-        facts = engine_facts(args.engine_time_scale)
+        facts = engine_facts(args.engine_time_scale, perf_map)
         setup.policy_params["fleetgate"] = {**facts, **setup.policy_params.get("fleetgate", {})}
 
     def log(msg: str) -> None:
@@ -714,7 +730,7 @@ def main() -> None:
             "speed_seed": setup.speed_seed,
             "speed_replica_names": speed_names,
             "speed_schedule": [setup.speed_variation().schedule(n, speed_periods) for n in speed_names],
-            "engine_profile": ENGINE_PROFILE["perf"] if args.engine == "sim" else None,
+            "engine_profile": perf_map if args.engine == "sim" else None,
             "policy_params": setup.policy_params,
             "tokens_scale": args.tokens_scale,
             "pinning": {

@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from router_compare import ENGINE_PROFILE, LlamaFleet, engine_facts, load_workload
+from router_compare import LlamaFleet, engine_facts, engine_profile, load_workload
 from sglang_router_model import SglangCacheAwareModel
 
 from fleetgate.core.routing.registry import build_policy
@@ -56,12 +56,14 @@ from fleetgate.sim.traces import Trace, TraceRequest, default_traces_dir, load_t
 from fleetgate.simengine.perfmodel import EngineModel, PerfParams
 
 
-def live_engine(time_scale: float) -> PerfParams:
-    """The live engines' parameters with every duration in wall-clock seconds."""
-    p = PerfParams.from_mapping(ENGINE_PROFILE["perf"])
+def live_engine(time_scale: float, cache_blocks: int | None = None) -> PerfParams:
+    """The live engines' parameters with every duration in wall-clock seconds (``cache_blocks``: the live
+    run's ``--engine-cache-blocks``)."""
+    perf = engine_profile(cache_blocks)
+    p = PerfParams.from_mapping(perf)
     return PerfParams.from_mapping(
         {
-            **ENGINE_PROFILE["perf"],
+            **perf,
             "prefill_s_per_token": p.prefill_s_per_token * time_scale,
             "prefill_s_per_token_sq": p.prefill_s_per_token_sq * time_scale,
             "step_overhead_s": p.step_overhead_s * time_scale,
@@ -295,6 +297,7 @@ def apply_live(args: argparse.Namespace, live: dict[str, Any]) -> None:
     if meta.get("engine", "sim") == "sim":
         args.engine = "sim"
         args.time_scale = meta["engine_time_scale"]
+        args.engine_cache_blocks = (meta.get("engine_profile") or {}).get("prefix_cache_blocks")
         variation, note = live_speed(meta)
         args.speed_noise, args.speed_period, args.speed_seed = (
             variation.noise,
@@ -305,6 +308,8 @@ def apply_live(args: argparse.Namespace, live: dict[str, Any]) -> None:
         return
     args.engine = "llama"
     args.llama_cache_ram = meta["llama"]["cache_ram_mib"]
+    args.llama_ctx_size = meta["llama"]["ctx_size"]
+    args.llama_parallel = meta["llama"]["parallel"]
     ok = [r for r in live["results"].values() if "failed" not in r and r.get("prompt_tokens")]
     if ok:  # engine tokens per synthesised word (the chat template's few tokens per request included)
         # usage counts only the answered requests: scale the words by the share answered (Azure's runs
@@ -451,6 +456,12 @@ def main() -> None:
     ap.add_argument("--decode-step-s", type=float, default=0.003, help="llama: one iteration's time.")
     ap.add_argument("--tokens-per-word", type=float, default=1.0, help="llama: engine tokens per word.")
     ap.add_argument("--llama-cache-ram", type=int, default=LlamaFleet().cache_ram_mib)
+    ap.add_argument("--llama-ctx-size", type=int, default=LlamaFleet().ctx_size)
+    ap.add_argument("--llama-parallel", type=int, default=LlamaFleet().parallel)
+    ap.add_argument(
+        "--engine-cache-blocks", type=int, default=None,
+        help="sim: prefix-cache blocks per replica (router_compare.py --engine-cache-blocks; default 4,096).",
+    )  # fmt: skip
     ap.add_argument(
         "--prompts", choices=("live", "trace"), default="live",
         help="The lengths and block hashes of the prompts the live replay sends (default; llama: lengths by "
@@ -508,7 +519,9 @@ def main() -> None:
     llama_live: dict[int, Trace] = {}  # slice start -> the live llama prompts (tokenized once)
     if args.engine == "llama":
         factor = args.tokens_per_word
-        fleet = LlamaFleet(cache_ram_mib=args.llama_cache_ram)
+        fleet = LlamaFleet(
+            parallel=args.llama_parallel, ctx_size=args.llama_ctx_size, cache_ram_mib=args.llama_cache_ram
+        )
         block = max(1, round(512 * args.tokens_scale * factor))
         if args.prompts == "live":
             for st in starts:
@@ -524,8 +537,12 @@ def main() -> None:
         )
         facts = {} if args.no_engine_facts else {"cache_tokens_per_replica": fleet.cache_tokens()}
     else:
-        perf = live_engine(args.time_scale)
-        facts = {} if args.no_engine_facts else engine_facts(args.time_scale)
+        perf = live_engine(args.time_scale, args.engine_cache_blocks)
+        facts = (
+            {}
+            if args.no_engine_facts
+            else engine_facts(args.time_scale, engine_profile(args.engine_cache_blocks))
+        )
     params: dict[str, dict[str, Any]] = json.loads(args.params)
     names = args.policies.split(",")
     out: dict[str, list[Figures]] = {}

@@ -107,3 +107,27 @@ def test_a_live_workload_replay_is_session_affinitys_trace_and_the_prediction_re
     assert load_workload(workload_args(meta)).requests == trace.requests
     live = live_prompt_slice(trace.requests, 14.0, 1 / 32).requests
     assert len(live) == 50 and all(r.input_tokens > 0 and r.hash_ids for r in live)
+
+
+def test_a_smaller_live_engine_cache_reaches_the_engines_the_policy_and_the_prediction() -> None:
+    """``router_compare.py --engine-cache-blocks N`` writes N into the engines' profile and the facts
+    fleetgate gets, records it in ``meta.engine_profile``, and ``--from-live`` simulates that size."""
+    import argparse
+
+    from router_compare import ENGINE_PROFILE, engine_facts, engine_profile
+    from router_compare_sim import apply_live, live_engine
+
+    assert engine_profile() == ENGINE_PROFILE["perf"]
+    small = engine_profile(512)
+    assert small["prefix_cache_blocks"] == 512 and ENGINE_PROFILE["perf"]["prefix_cache_blocks"] == 4096
+    assert engine_facts(0.25, small)["cache_tokens_per_replica"] == 512 * 16
+    assert engine_facts(0.25)["cache_tokens_per_replica"] == 4096 * 16
+    assert live_engine(0.25, 512).prefix_cache_blocks == 512
+    assert live_engine(0.25).prefix_cache_blocks == 4096
+    meta = {"trace": "t.jsonl", "requests": 10, "rate_scale": 8.0, "replicas": 4, "tokens_scale": 1 / 32,
+            "engine_time_scale": 0.125, "engine_profile": small, "seed": 1}  # fmt: skip
+    args = argparse.Namespace(variants="", params="{}", from_live=Path("x.json"))
+    apply_live(args, {"meta": meta, "results": {"fleetgate:fleetgate": {}}})
+    assert args.engine_cache_blocks == 512 and args.time_scale == 0.125
+    apply_live(args, {"meta": {**meta, "engine_profile": None}, "results": {}})
+    assert args.engine_cache_blocks is None  # runs before the option: the profile's own 4,096
