@@ -5,9 +5,11 @@ probe of one replica's prefill cost for ``router_compare_sim.py``'s engine model
 from __future__ import annotations
 
 import json
+import math
 import os
 import urllib.request
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,21 +107,73 @@ def llama_cache_counters(engines: Sequence[Proc]) -> dict[str, Any]:
             "evaluated_tokens": evaluated, "engines": per}  # fmt: skip
 
 
+def _chat(url: str, content: str, max_tokens: int) -> dict[str, Any]:
+    """One chat completion; the response's ``timings`` (llama-server's own report of this request)."""
+    body = {"model": LLAMA_MODEL, "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": content}]}  # fmt: skip
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        timings: dict[str, Any] = json.load(resp)["timings"]
+    return timings
+
+
+def fit_engine_model(
+    prefill: Sequence[tuple[float, int, int]], decode: Sequence[tuple[float, int, float]], batch: int = 512
+) -> dict[str, float]:
+    """``simengine.llamaserver``'s iteration cost fitted to a probe's timings (least squares, then the
+    non-negative parameters refitted without any that came out negative).
+
+    A prompt of ``n`` tokens after ``c`` cached ones (``prefill``: seconds, n, c) takes ``ceil(n / batch)``
+    iterations and samples one token: ``k step + sample + token n + attn n (2c + n)``; one decode iteration
+    of ``d`` slots (``decode``: seconds per token, d, mean sum of 2 position + 1 over the slots) costs
+    ``step + d (token + sample) + attn sum``."""
+    import numpy as np
+
+    rows = [[math.ceil(n / batch), 1.0, n, n * (2 * c + n)] for _, n, c in prefill]
+    rows += [[1.0, d, d, k] for _, d, k in decode]
+    y = np.array([t for t, _, _ in prefill] + [t for t, _, _ in decode])
+    a_all = np.array(rows, dtype=float)
+    keep = [0, 1, 2, 3]
+    while True:
+        coef, *_ = np.linalg.lstsq(a_all[:, keep], y, rcond=None)
+        neg = [keep[i] for i, v in enumerate(coef) if v < 0]
+        if not neg:
+            break
+        keep = [k for k in keep if k not in neg]
+    full = dict.fromkeys(range(4), 0.0)
+    full.update({k: float(v) for k, v in zip(keep, coef, strict=True)})
+    pred = a_all @ np.array([full[i] for i in range(4)])
+    n_pre = len(prefill)
+    return {
+        "decode_step_s": full[0],
+        "sample_s": full[1],
+        "prefill_tokens_per_s": 1.0 / full[2] if full[2] > 0 else float("inf"),
+        "prefill_s_per_token_sq": full[3],
+        "prefill_mape": float(np.mean(np.abs(pred[:n_pre] - y[:n_pre]) / y[:n_pre])),
+        "decode_mape": float(np.mean(np.abs(pred[n_pre:] - y[n_pre:]) / y[n_pre:])) if decode else 0.0,
+    }
+
+
 def probe_llama_prefill(
     fleet: LlamaFleet, logdir: Path, log: Callable[[str], None], repeats: int = 3
 ) -> dict[str, Any]:
-    """Prefill cost of one llama-server replica as the simulator's engine model needs it.
+    """Prefill and decode cost of one llama-server replica as the simulator's engine models need them.
 
-    Sequential requests (nothing else on the replica), cold prompts of 64-3,000 tokens and the same prompts
-    extended after a cached prefix; each response's ``timings`` (the engine's own ``prompt_n``, ``cache_n``,
-    ``prompt_ms``) fit ``t = a * n + b * n * (2c + n)`` for ``n`` evaluated tokens after ``c`` cached ones
-    (``PerfParams.prefill_s_per_token`` and ``prefill_s_per_token_sq``). Median of ``repeats`` per shape.
+    Prefill: sequential requests (nothing else on the replica), cold prompts of 64-3,000 tokens and the same
+    prompts extended after a cached prefix; each response's ``timings`` (the engine's own ``prompt_n``,
+    ``cache_n``, ``prompt_ms``) fit ``t = a * n + b * n * (2c + n)`` for ``n`` evaluated tokens after ``c``
+    cached ones (``PerfParams.prefill_s_per_token`` and ``prefill_s_per_token_sq``). Median of ``repeats``
+    per shape. Decode: 1 to ``parallel`` concurrent requests with short prompts and 64 output tokens; each
+    one's ``predicted_ms / predicted_n`` is the iteration time with that many slots decoding. Both fit
+    ``engine_model`` (``fit_engine_model``: the llama-server model's step, token, attention and sampling
+    costs).
     """
     import numpy as np
 
     synth = PromptSynth(tokens_scale=1.0, source_block_tokens=16)
     engines = start_llama(fleet, 1, logdir, "probe")
     rows: list[tuple[float, int, int]] = []
+    decode: list[tuple[float, int, float]] = []
     try:
         url = f"{engines[0].url}/v1/chat/completions"
         for k, words in enumerate((16, 64, 128, 256, 512, 768)):
@@ -128,21 +182,30 @@ def probe_llama_prefill(
                 tail = "" if not extra else synth.text((), extra, unique_key=f"t{k}-{rep}")
                 # cold: a fresh unique prefix word each time; warm: the same base, a new tail
                 head = f"probe{k}x{rep} " if not extra else ""
-                body = {"model": LLAMA_MODEL, "max_tokens": 1, "temperature": 0,
-                        "messages": [{"role": "user", "content": head + base + tail}]}  # fmt: skip
-                req = urllib.request.Request(
-                    url, json.dumps(body).encode(), {"Content-Type": "application/json"}
-                )
-                with urllib.request.urlopen(req, timeout=60) as resp:
-                    t = json.load(resp)["timings"]
+                t = _chat(url, head + base + tail, 1)
                 rows.append((t["prompt_ms"] / 1000.0, int(t["prompt_n"]), int(t.get("cache_n", 0))))
+        out_tokens = 64
+        for d in range(1, fleet.parallel + 1):
+            for rep in range(repeats):
+                prompts = [synth.text((), 12, unique_key=f"d{d}-{rep}-{i}") for i in range(d)]
+                with ThreadPoolExecutor(d) as pool:
+                    got = list(pool.map(lambda c: _chat(url, c, out_tokens), prompts))
+                n_prompt = float(np.mean([g["prompt_n"] + g.get("cache_n", 0) for g in got]))
+                # mean over the decode iterations of sum (2 position + 1) over the d slots
+                pos = d * (2 * (n_prompt + out_tokens / 2) + 1)
+                for g in got:
+                    if g.get("predicted_n", 0) > 1:
+                        decode.append((g["predicted_ms"] / 1000.0 / g["predicted_n"], d, pos))
     finally:
         stop_all(engines)
     a_mat = np.array([[n, n * (2 * c + n)] for _, n, c in rows], dtype=float)
     y = np.array([r[0] for r in rows])
     (a, b), *_ = np.linalg.lstsq(a_mat, y, rcond=None)
     mape = float(np.mean(np.abs(a_mat @ np.array([a, b]) - y) / y))
+    model = fit_engine_model(rows, decode)
     out = {"prefill_tokens_per_s": 1.0 / a if a > 0 else None, "prefill_s_per_token_sq": float(b),
-           "mape": mape, "samples": rows, "load_avg": os.getloadavg()[0]}  # fmt: skip
+           "mape": mape, "samples": rows, "decode_samples": decode, "engine_model": model,
+           "load_avg": os.getloadavg()[0]}  # fmt: skip
     log(f"llama prefill probe: 1/a = {1.0 / a:.0f} tokens/s, b = {b:.3e} s, MAPE {mape:.1%}")
+    log(f"llama-server engine model: {json.dumps(model)}")
     return out

@@ -53,6 +53,7 @@ from fleetgate.engines.llama import default_hf_model
 from fleetgate.sim.des import SimConfig, Simulator, default_ids
 from fleetgate.sim.speed import SpeedVariation, SpeedVaryingEngine
 from fleetgate.sim.traces import Trace, TraceRequest, default_traces_dir, load_trace
+from fleetgate.simengine.llamaserver import LlamaServerModel, LlamaServerParams
 from fleetgate.simengine.perfmodel import EngineModel, PerfParams
 
 
@@ -104,6 +105,26 @@ def llama_engine(
     )
 
 
+def llama_server_params(fleet: LlamaFleet, args: argparse.Namespace) -> LlamaServerParams:
+    """``simengine.llamaserver``'s model of one replica run with ``fleet``'s flags: slots, context, batch,
+    slot similarity and prompt cache as the live replicas are started; the iteration cost from the
+    calibration flags (``--llama-calibration``: a probe of one live replica, ``llama_fleet.probe_llama``)."""
+    from fleetgate.engines.llama import LlamaServerConfig
+
+    return LlamaServerParams(
+        parallel=fleet.parallel,
+        ctx_size=fleet.ctx_size,
+        batch_size=LlamaServerConfig(port=0).batch_size,
+        slot_prompt_similarity=fleet.slot_prompt_similarity,
+        cache_ram_mib=fleet.cache_ram_mib,
+        kv_bytes_per_token=fleet.kv_bytes_per_token,
+        step_s=args.decode_step_s,
+        token_s=1.0 / args.prefill_tokens_per_s,
+        attn_s=args.prefill_s_per_token_sq,
+        sample_s=args.sample_s,
+    )
+
+
 def scaled_slice(
     reqs: list[TraceRequest], rate: float, tokens_scale: float, input_factor: float = 1.0
 ) -> Trace:
@@ -140,15 +161,16 @@ def live_prompt_slice(
     rate: float,
     tokens_scale: float,
     hash_block: int = 16,
-    engine_tokens: Callable[[list[dict[str, Any]]], int] | None = None,
+    engine_tokens: Callable[[list[dict[str, Any]]], list[int]] | None = None,
 ) -> Trace:
     """``reqs`` as a live replay sends them (``PromptSynth``'s prompts in ``bench.replay``'s chat body), from
     their first arrival at ``rate`` x: each request's length and ``hash_block``-token block hashes are what
     the gateway counts (``core.tokenize``, which the simulated engine shares), so the template and the
     synthesised words are included (on the Mooncake slice 6% more tokens than the scaled trace lengths
     ``scaled_slice`` gives: near saturation that moved the default's p99 by 40%). ``engine_tokens``: the
-    engine's own count of a request's messages when it tokenizes differently (llama: ``llama_prompt_slice``);
-    a hash block then stands for ``hash_block * engine tokens / gateway tokens`` of its engine tokens."""
+    engine's own token ids of a request's messages when it tokenizes differently (llama:
+    ``llama_prompt_slice``): the request's length and ``token_ids``; a hash block then stands for
+    ``hash_block * engine tokens / gateway tokens`` of its engine tokens."""
     from fleetgate.bench.prompts import PromptSynth
     from fleetgate.bench.replay import ReplayOptions, plan_requests, request_body
     from fleetgate.core.tokenize import PromptTokenizer
@@ -159,12 +181,13 @@ def live_prompt_slice(
     for p, r in zip(planned, reqs, strict=True):
         messages = request_body(p, opts)["messages"]
         _text, n, hashes = tok.count_and_hash_chat(messages, hash_block, hashes=True)
-        engine_n = n if engine_tokens is None else engine_tokens(messages)
+        ids = () if engine_tokens is None else tuple(engine_tokens(messages))
+        engine_n = len(ids) if ids else n
         block = hash_block if engine_tokens is None else max(1, round(hash_block * engine_n / n))
         out.append(
             TraceRequest(
                 arrival_s=p.at_s / rate, input_tokens=engine_n, output_tokens=p.max_tokens, tenant=r.tenant,
-                hash_ids=hashes, block_tokens=block, session=r.session,
+                hash_ids=hashes, block_tokens=block, session=r.session, token_ids=ids,
             )
         )  # fmt: skip
     return Trace(
@@ -178,9 +201,9 @@ def llama_prompt_slice(
     """``reqs`` as a live llama replay sends them: ``live_prompt_slice``'s prompts, each one's length in the
     tiny model's tokens (its ``tokenizer.json`` on the rendered ChatML prompt, what llama-server counts:
     ``usage.prompt_tokens`` of the live run checks it) with the gateway's block hashes (blocks of
-    ``hash_block`` of its tokens, 16 live). llama-server reuses any common token prefix, the simulated cache
-    only whole blocks: smaller blocks model it more closely but show the router finer prefixes than the live
-    gateway hashes."""
+    ``hash_block`` of its tokens, 16 live) and the token ids themselves (``TraceRequest.token_ids``: the
+    llama-server engine model reuses any common token prefix, as llama-server does; the block engine model
+    matches whole hash blocks)."""
     from fleetgate.core.tokenize import render_chat_prompt
     from fleetgate.hf_tokenizer import load_tokenizer
 
@@ -190,7 +213,7 @@ def llama_prompt_slice(
         rate,
         tokens_scale,
         hash_block,
-        lambda messages: len(engine_tok.encode(render_chat_prompt(messages))),
+        lambda messages: list(engine_tok.encode(render_chat_prompt(messages))),
     )
 
 
@@ -455,6 +478,17 @@ def main() -> None:
     ap.add_argument("--prefill-s-per-token-sq", type=float, default=0.0, help="llama: attention term.")
     ap.add_argument("--decode-step-s", type=float, default=0.003, help="llama: one iteration's time.")
     ap.add_argument("--tokens-per-word", type=float, default=1.0, help="llama: engine tokens per word.")
+    ap.add_argument(
+        "--engine-model", choices=("llama-server", "blocks"), default="llama-server",
+        help="llama: the engine model: llama-server's slots, token-prefix reuse and prompt cache "
+        "(simengine.llamaserver, session 11) or the block-hash engine (perfmodel, the predictions before).",
+    )  # fmt: skip
+    ap.add_argument("--sample-s", type=float, default=0.0, help="llama-server model: cost per sampled token.")
+    ap.add_argument(
+        "--llama-calibration", type=Path, default=None,
+        help="llama: a probe of one live replica (router_compare.py --engine llama --probe-prefill --out F): "
+        "sets --prefill-tokens-per-s, --prefill-s-per-token-sq, --decode-step-s and --sample-s from its fit.",
+    )  # fmt: skip
     ap.add_argument("--llama-cache-ram", type=int, default=LlamaFleet().cache_ram_mib)
     ap.add_argument("--llama-ctx-size", type=int, default=LlamaFleet().ctx_size)
     ap.add_argument("--llama-parallel", type=int, default=LlamaFleet().parallel)
@@ -508,6 +542,19 @@ def main() -> None:
         apply_live(args, live)
     if args.tokenizer is None:
         args.tokenizer = default_hf_model() / "tokenizer.json"
+    if args.llama_calibration is not None:
+        cal = json.loads(args.llama_calibration.read_text())
+        fit = cal.get("engine_model") or cal
+        args.prefill_tokens_per_s = fit["prefill_tokens_per_s"]
+        args.prefill_s_per_token_sq = fit["prefill_s_per_token_sq"]
+        args.decode_step_s = fit["decode_step_s"]
+        args.sample_s = fit["sample_s"]
+        print(
+            f"llama calibration {args.llama_calibration}: {args.prefill_tokens_per_s:.0f} tokens/s, "
+            f"attention {args.prefill_s_per_token_sq:.3e} s, step {args.decode_step_s * 1e3:.3f} ms, "
+            f"sample {args.sample_s * 1e3:.3f} ms",
+            file=sys.stderr,
+        )
     starts = [int(x) for x in args.slices.split(",")]
     path = args.trace or default_traces_dir() / "mooncake" / "conversation_trace.jsonl"
     if args.workload:
@@ -535,6 +582,8 @@ def main() -> None:
         perf = llama_engine(
             fleet, args.prefill_tokens_per_s, args.decode_step_s, block, args.prefill_s_per_token_sq
         )
+        if args.engine_model == "llama-server":
+            lparams = llama_server_params(fleet, args)
         facts = {} if args.no_engine_facts else {"cache_tokens_per_replica": fleet.cache_tokens()}
     else:
         perf = live_engine(args.time_scale, args.engine_cache_blocks)
@@ -554,7 +603,11 @@ def main() -> None:
     ids = default_ids("r") if args.prompts == "live" else sim_ids
     speed_key = {ids(i): sim_ids(i) for i in range(args.replicas)}
 
-    def make_engine(name: str) -> EngineModel | SpeedVaryingEngine:
+    def make_engine(name: str) -> EngineModel | SpeedVaryingEngine | LlamaServerModel:
+        if args.engine == "llama" and args.engine_model == "llama-server":
+            if speed.active:
+                raise SystemExit("--speed-noise: the llama-server model runs at its calibrated speed")
+            return LlamaServerModel(lparams)
         engine = EngineModel(perf)
         return SpeedVaryingEngine(engine, speed, speed_key.get(name, name)) if speed.active else engine
 

@@ -330,7 +330,10 @@ class Simulator:
         res = eng.advance(now)
         if res.finished or res.first_token or res.cached_tokens:
             self._handle_outputs(rep, res)
-        eng.submit(engine_request(rid, tr.input_tokens, out_tokens, tr.hash_ids, 0, tr.block_tokens), now)
+        eng.submit(
+            engine_request(rid, tr.input_tokens, out_tokens, tr.hash_ids, 0, tr.block_tokens, tr.token_ids),
+            now,
+        )
         self._reschedule(rep)
 
     def _by_name(self, name: str) -> SimReplica:

@@ -100,10 +100,19 @@ request_info = frozen_builder(
         "stream",
     ),
 )
-#: ``EngineRequest(request_id, input_tokens, max_output_tokens, block_hashes, priority, hash_block_tokens)``.
+#: ``EngineRequest(request_id, input_tokens, max_output_tokens, block_hashes, priority, hash_block_tokens,
+#: prompt_tokens)``.
 engine_request = frozen_builder(
     EngineRequest,
-    ("request_id", "input_tokens", "max_output_tokens", "block_hashes", "priority", "hash_block_tokens"),
+    (
+        "request_id",
+        "input_tokens",
+        "max_output_tokens",
+        "block_hashes",
+        "priority",
+        "hash_block_tokens",
+        "prompt_tokens",
+    ),
 )
 
 

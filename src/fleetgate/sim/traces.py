@@ -56,7 +56,9 @@ class TraceFormatError(ValueError):
 
 @dataclass(slots=True)
 class TraceRequest:
-    """One request of a workload: when it arrives and how long it is (tokens)."""
+    """One request of a workload: when it arrives and how long it is (tokens). ``token_ids``: the engine's
+    own token ids of the prompt, where a replay knows them (the llama-server engine model matches token
+    prefixes with them; the router sees ``hash_ids`` only)."""
 
     arrival_s: float
     input_tokens: int
@@ -65,6 +67,7 @@ class TraceRequest:
     hash_ids: tuple[int, ...] = ()
     block_tokens: int = MOONCAKE_BLOCK_TOKENS
     session: str | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

@@ -201,7 +201,9 @@ class EngineRequest:
 
     ``block_hashes`` are chained prefix hashes of the prompt (``core.tokenize.block_hashes`` or a trace's
     ``hash_ids``), each covering ``hash_block_tokens`` tokens (default: the engine's ``block_tokens``).
-    ``max_output_tokens`` is the exact number of tokens the request will generate.
+    ``max_output_tokens`` is the exact number of tokens the request will generate. ``prompt_tokens``: the
+    engine's own token ids of the prompt where the caller knows them (``simengine.llamaserver`` matches token
+    prefixes with them; this model uses the block hashes only).
     """
 
     request_id: str
@@ -210,6 +212,7 @@ class EngineRequest:
     block_hashes: tuple[int, ...] = ()
     priority: int = 0
     hash_block_tokens: int | None = None
+    prompt_tokens: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
