@@ -126,11 +126,18 @@ def block_record(rep: dict[str, Any], **info: Any) -> dict[str, Any]:
         "load_windows": rep.get("load_windows"),
         "run_wall_s": rep.get("run_wall_s"),
         "engines_prompt": [
-            None if e is None else {k: e.get(k) for k in ("cached", "evaluated", "prompt_seconds_total")}
-            for e in llama.get("engines", [])
+            None if e is None else {k: e.get(k) for k in ENGINE_COUNTERS} for e in llama.get("engines", [])
         ],
         **({"gateway_watch": rep["gateway_watch"]} if "gateway_watch" in rep else {}),
     }
+
+
+#: A llama-server replica's own counters kept per block (prompt and decode work: a record to check an engine
+#: model's calibration against).
+ENGINE_COUNTERS = (
+    "cached", "evaluated", "prompt_seconds_total", "tokens_predicted_total", "tokens_predicted_seconds_total",
+    "n_decode_total", "n_busy_slots_per_decode",
+)  # fmt: skip
 
 
 def _median(xs: Sequence[float | None]) -> float | None:

@@ -181,3 +181,43 @@ def test_the_simulator_hands_the_trace_token_ids_to_the_engine() -> None:
     )
     res = sim.run()
     assert res.summary["cache_hit_rate"] == pytest.approx(3 * 40 / (4 * 60))
+
+
+def test_the_probe_fit_recovers_the_model_cost_from_its_own_timings() -> None:
+    """``llama_fleet.fit_engine_model`` (the live probe's fit) read on timings this model produces gives back
+    the model's own step, token, attention and sampling costs: the probe measures what the model means."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from llama_fleet import fit_engine_model
+
+    params = LlamaServerParams(parallel=4, cache_ram_mib=0, **COST)
+    prefill: list[tuple[float, int, int]] = []
+    for k, (n, c) in enumerate([(60, 0), (250, 0), (700, 0), (1400, 0), (60, 300), (250, 600), (90, 1200)]):
+        model = LlamaServerModel(params)
+        base = tuple(range(10_000 * k, 10_000 * k + c))
+        if c:
+            run(model, "warm", (*base, -1), 0.0)
+        t0 = 10.0
+        prompt = (*base, *range(10_000 * k + 5000, 10_000 * k + 5000 + n))
+        model.submit(EngineRequest("p", len(prompt), 1, prompt_tokens=prompt), t0)
+        prefill.append((model.run_until_idle().first_token["p"] - t0, n, c))
+    decode: list[tuple[float, int, float]] = []
+    out = 65
+    for d in range(1, 5):
+        model = LlamaServerModel(params)
+        for i in range(d):
+            model.submit(
+                EngineRequest(f"d{i}", 12, out, prompt_tokens=tuple(range(100 * i, 100 * i + 12))), 0.0
+            )
+        res = model.run_until_idle()
+        for i in range(d):
+            per_token = (res.finished[f"d{i}"] - res.first_token[f"d{i}"]) / (out - 1)
+            decode.append((per_token, d, d * (2 * (12 + out / 2) + 1)))
+    fit = fit_engine_model(prefill, decode)
+    assert fit["decode_step_s"] == pytest.approx(COST["step_s"], rel=0.05)
+    assert 1 / fit["prefill_tokens_per_s"] == pytest.approx(COST["token_s"], rel=0.02)
+    assert fit["prefill_s_per_token_sq"] == pytest.approx(COST["attn_s"], rel=0.02)
+    assert fit["sample_s"] == pytest.approx(COST["sample_s"], rel=0.05)
+    assert fit["prefill_mape"] < 0.01 and fit["decode_mape"] < 0.01
