@@ -120,8 +120,8 @@ def _chat(url: str, content: str, max_tokens: int) -> dict[str, Any]:
 def fit_engine_model(
     prefill: Sequence[tuple[float, int, int]], decode: Sequence[tuple[float, int, float]], batch: int = 512
 ) -> dict[str, float]:
-    """``simengine.llamaserver``'s iteration cost fitted to a probe's timings (least squares, then the
-    non-negative parameters refitted without any that came out negative).
+    """``simengine.llamaserver``'s iteration cost fitted to a probe's timings (least squares on relative
+    errors, refitted without any parameter that came out negative).
 
     A prompt of ``n`` tokens after ``c`` cached ones (``prefill``: seconds, n, c) takes ``ceil(n / batch)``
     iterations and samples one token: ``k step + sample + token n + attn n (2c + n)``; one decode iteration
@@ -133,9 +133,10 @@ def fit_engine_model(
     rows += [[1.0, d, d, k] for _, d, k in decode]
     y = np.array([t for t, _, _ in prefill] + [t for t, _, _ in decode])
     a_all = np.array(rows, dtype=float)
+    w = 1.0 / y  # relative errors: the short prompts' and the decode steps' milliseconds count too
     keep = [0, 1, 2, 3]
     while True:
-        coef, *_ = np.linalg.lstsq(a_all[:, keep], y, rcond=None)
+        coef, *_ = np.linalg.lstsq(a_all[:, keep] * w[:, None], y * w, rcond=None)
         neg = [keep[i] for i, v in enumerate(coef) if v < 0]
         if not neg:
             break

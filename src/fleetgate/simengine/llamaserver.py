@@ -77,8 +77,13 @@ class LlamaServerParams:
             raise ValueError("each slot needs a context of at least 2 tokens")
         if self.batch_size < 1:
             raise ValueError("batch_size must be >= 1")
-        for name in ("step_s", "token_s", "attn_s", "sample_s"):
-            v = getattr(self, name)
+        costs = {
+            "step_s": self.step_s,
+            "token_s": self.token_s,
+            "attn_s": self.attn_s,
+            "sample_s": self.sample_s,
+        }
+        for name, v in costs.items():
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number >= 0")
         if self.step_s + self.token_s <= 0:
