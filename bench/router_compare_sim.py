@@ -227,9 +227,11 @@ def send_jitter(trace: Trace, max_s: float, seed: int) -> Trace:
     return replace(trace, requests=sorted(moved, key=lambda r: r.arrival_s))
 
 
-#: What the simulator runs for each live contender. vllm-router 0.1.17's cache_aware is not modelled: on the
-#: simulated engines it does no prefix routing (docs/benchmarks.md, "### vllm-router" of session 10), and
-#: neither the sglang-router model nor a load-only policy predicted its live run.
+#: What the simulator runs for each live contender. vllm-router 0.1.17's cache_aware is not modelled by
+#: default: it routes by token ids it asks the worker to render (vLLM's ``/v1/chat/completions/render``);
+#: the simulated engines and llama-server have no such endpoint, so every decision is ``missing_tokens``
+#: (its own metrics) and it balances load. ``--vllm-model least_load`` runs that fallback (docs/benchmarks.md,
+#: session 10's "### vllm-router" and "Session 11: live runs under cache pressure").
 #: sglang-router's ``cache_aware`` is ``sglang_router_model`` (session 10; ``--sglang-model cache_aware``:
 #: our own cache_aware, the stand-in of the predictions recorded before).
 SIM_POLICY = {
@@ -522,6 +524,13 @@ def main() -> None:
         "bench/sglang_router_model.py; or our own cache_aware, the stand-in before session 10). The model's "
         "worker preference order is drawn anew for each --send-jitter draw (one draw: one router launch).",
     )  # fmt: skip
+    ap.add_argument(
+        "--vllm-model", choices=("none", "least_load"), default="none",
+        help="With --from-live: what stands in for vllm-router:cache_aware. none: not modelled (session 10's "
+        "text-prefix model missed). least_load: what 0.1.17 does on engines without vLLM's "
+        "/v1/chat/completions/render (every decision 'missing_tokens', session 11): the least in-flight "
+        "worker, ties to the first listed (the sglang model never matching, cache_threshold 1.0).",
+    )  # fmt: skip
     ap.add_argument("--speed-noise", type=float, default=0.0, help="sim: replica speeds wander (sim.speed).")
     ap.add_argument("--speed-period", type=float, default=10.0, help="sim: seconds between speed redraws.")
     ap.add_argument("--speed-seed", type=int, default=1, help="sim: the speed schedule's seed.")
@@ -537,6 +546,8 @@ def main() -> None:
     args = ap.parse_args()
     live: dict[str, Any] | None = None
     SIM_POLICY["sglang-router:cache_aware"] = args.sglang_model
+    if args.vllm_model == "least_load":
+        SIM_POLICY["vllm-router:cache_aware"] = "sglang_cache_aware@vllm_least_load"
     if args.from_live:
         live = json.loads(args.from_live.read_text())
         apply_live(args, live)
@@ -593,6 +604,7 @@ def main() -> None:
             else engine_facts(args.time_scale, engine_profile(args.engine_cache_blocks))
         )
     params: dict[str, dict[str, Any]] = json.loads(args.params)
+    params.setdefault("vllm_least_load", {"cache_threshold": 1.0})
     names = args.policies.split(",")
     out: dict[str, list[Figures]] = {}
     speed = SpeedVariation(noise=args.speed_noise, period_s=args.speed_period, seed=args.speed_seed)
