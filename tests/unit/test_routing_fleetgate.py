@@ -12,6 +12,7 @@ from fleetgate.core.routing import build_policy
 from fleetgate.core.routing.affinity import BoundedLoadAffinity
 from fleetgate.core.routing.fleetgate import FleetgatePolicy
 from fleetgate.core.routing.keys import KeyFunction, mix64, str_hash64
+from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
 from fleetgate.profiles import load_profile
@@ -527,3 +528,85 @@ def test_fused_pick_agrees_with_its_parts(rate: float | None) -> None:
         p.on_dispatch(r, d.replica, now)
         if i % 3 == 0:
             p.on_complete(r, d.replica, now + 0.5, r.cost_mu, True)
+
+
+#: Session 9's defaults (bench/session_affinity.py ``SESSION9_DEFAULTS``).
+SESSION9: dict[str, object] = {
+    "key": "prefix",
+    "hot_share": 0.5,
+    "spill_max_wait_s": None,
+    "guard_exempt_ratio": 0.3,
+    "learned_rate_noise": 1.0,
+    "learned_rate_scale": "seconds",
+    "tail_bound_s": None,
+    "tail_bound_keep_share": None,
+}
+
+
+class _Neutral(StageBase):
+    """An extra scorer that scores every candidate 1 (adds 0 s): it only sends ``pick`` to its general loop."""
+
+    name = "neutral"
+
+    def score(self, request: RequestInfo, candidates: list[ReplicaSnapshot], ctx: PickContext) -> list[float]:
+        return [1.0] * len(candidates)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},  # the session-10 defaults: pooled learned rates on the relative scale, the tail bound
+        SESSION9,  # each replica's own learned rate (the plain loop before session 11)
+        {"learned_rate_noise": 1.0},  # relative scale, no shrinkage
+        {"scan_limit": 5},
+    ],
+    ids=["default", "session9", "relative-noise1", "scan"],
+)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fused_loop_makes_the_general_loops_decisions(params: dict[str, object], seed: int) -> None:
+    """``pick``'s fused loop is the general loop's rule: on random fleets (MU rates, learned rates coming
+    and changing, engine queues, KV pressure, late first tokens for the tail bound) a policy whose only
+    difference is a neutral extra scorer (which takes the general loop) makes the same decisions, estimates
+    included, at every pick."""
+    rnd = random.Random(seed)
+    fused = policy(**params)
+    general = FleetgatePolicy(fused.params, PROFILE, scorers=[(_Neutral(), 1.0)])
+    n = 12
+    caps = [rnd.choice((60.0, 100.0, 100.0, 140.0)) for _ in range(n)]
+    rates: list[float | None] = [None] * n
+    inflight: list[tuple[RequestInfo, str, float]] = []
+    picks = {"fused": random.Random(seed), "general": random.Random(seed)}
+    for i in range(1500):
+        now = i * 0.02
+        if rnd.random() < 0.05:  # a replica learns (or relearns) its prefill rate
+            rates[rnd.randrange(n)] = rnd.choice((None, 2000.0, 2100.0, 4000.0, 9000.0, 1000.0 + i))
+        busy = {name for _, name, _ in inflight}
+        replicas = [
+            ReplicaSnapshot(
+                f"r{j}",
+                capacity_mu_per_min=caps[j],
+                learned_prefill_tokens_per_s=rates[j],
+                inflight_requests=sum(1 for _, name, _ in inflight if name == f"r{j}"),
+                inflight_mu=sum(q.cost_mu for q, name, _ in inflight if name == f"r{j}"),
+                engine_waiting=rnd.choice((0, 0, 3)) if f"r{j}" in busy else 0,
+                engine_kv_usage=rnd.choice((0.2, 0.97)),
+            )
+            for j in range(n)
+        ]
+        group = rnd.randrange(8)
+        hashes = (group, *(group * 100 + k for k in range(rnd.randint(0, 6))))
+        r = request(i, hashes, cost_mu=0.2 + rnd.random() * 3, stream=True)
+        a = fused.pick(r, replicas, now, picks["fused"])
+        b = general.pick(r, replicas, now, picks["general"])
+        assert (a.replica, a.reason, dict(a.scores)) == (b.replica, b.reason, dict(b.scores)), i
+        assert fused.estimate.memo == general.estimate.memo
+        for p in (fused, general):
+            p.on_dispatch(r, a.replica, now)
+        inflight.append((r, a.replica, now + rnd.choice((0.1, 0.5, 4.0))))
+        for q, name, first in [x for x in inflight if x[2] <= now]:
+            inflight.remove((q, name, first))
+            for p in (fused, general):
+                p.on_first_token(q, name, first)
+                p.on_complete(q, name, now, q.cost_mu, True)
+    assert fused.tail_bound_drops() == general.tail_bound_drops()
+    assert fused.guard.skips == general.guard.skips

@@ -272,7 +272,8 @@ class FleetgatePolicy(PolicyBase):
         sticky = self.picker.sticky_cache
         skipped = 0
         lim = self.scan_limit
-        if lim and n > lim:
+        scanned = bool(lim) and n > lim
+        if scanned:
             # Large fleets: score a window of ``scan_limit`` replicas at a seeded random offset plus every
             # replica that matters for this request (its subset and the deepest cache holders);
             # the guard's mean still covers the whole fleet (it comes from the running total).
@@ -302,19 +303,28 @@ class FleetgatePolicy(PolicyBase):
         rel_ref = (pool.median or 0.0) if est.relative and pool is not None else 0.0
         if per_replica_rate and not est.learned_seen:
             # (asked before the loop, which the load guard leaves early for a replica it drops)
-            for r in cands:
-                if r.learned_prefill_tokens_per_s:
-                    est.learned_seen = True
-                    break
+            if pool is not None and not scanned:
+                est.learned_seen = pool.median is not None  # (the median of the same candidates' rates)
+            else:
+                for r in cands:
+                    if r.learned_prefill_tokens_per_s:
+                        est.learned_seen = True
+                        break
         engine_q = est.engine_queue
         kv_full = est.engine_queue_kv
         depth_of = (depths or {}).get
         # Only these can be the cache leader or the subset's fastest (one set test for every other replica).
         marked = (depths or {}).keys() | rank_of.keys()
-        # Without a configured prefill rate, pooling or extra scorers, with the engine queue trusted, a loop
-        # without those branches; the general loop below is the same rule. (The session-10 defaults pool
-        # learned rates, so they take the general loop: 1.1-1.2x per pick, docs/benchmarks.md.)
-        plain = per_replica_rate and pool is None and extra is None and engine_q and spt > 0
+        # Without a configured prefill rate or extra scorers, with learned rates each replica's own or pooled on
+        # the relative scale (the session-10 defaults) and the engine queue trusted, a loop without those
+        # branches; the general loop below is the same rule (tests/unit/test_routing_fleetgate.py holds them
+        # to the same decisions). On the relative scale a replica's seconds per MU depend only on its own
+        # learned rate and MU rate while the pool's median holds: read from the pool's table
+        # (``rel_pool``; none when no candidate has a learned rate: all 0 then, as the plain rule gives).
+        plain = per_replica_rate and extra is None and engine_q and spt > 0 and (pool is None or est.relative)
+        rel_pool = pool if plain and rel_ref else None
+        rel_table: dict[float | None, float] = {}
+        rel_get = rel_table.get  # (the table for the MU rate at hand, set with it)
         while True:  # a second pass without the guard only if the guard left nothing (a huge request)
             best: ReplicaSnapshot | None = None
             deep: ReplicaSnapshot | None = None
@@ -339,6 +349,8 @@ class FleetgatePolicy(PolicyBase):
                             cap = 1e-9
                         full_s = full / cap
                         idle_t = 0.0 + full_s
+                        if rel_pool is not None:
+                            rel_get = rel_pool.per_mu_table(cap).get
                     st = reps_get(name)
                     v = 0.0 if st is None else st[0] * k
                     if name in marked:
@@ -355,7 +367,11 @@ class FleetgatePolicy(PolicyBase):
                         skipped += 1
                         continue
                     lt = r.learned_prefill_tokens_per_s
-                    sec_per_mu = 1.0 / (spt * lt) if lt else 0.0
+                    if rel_pool is None:
+                        sec_per_mu = 1.0 / (spt * lt) if lt else 0.0
+                    else:
+                        got = rel_get(lt)
+                        sec_per_mu = rel_pool.relative_per_mu(lt, cap) if got is None else got
                     wait = 0.0
                     if st is not None:
                         f = st[1]

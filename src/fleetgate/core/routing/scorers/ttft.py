@@ -129,7 +129,7 @@ class PooledRates:
     changed.
     """
 
-    __slots__ = ("_log_noise", "_memo", "_rates", "median", "noise")
+    __slots__ = ("_log_noise", "_memo", "_per_mu", "_rates", "median", "noise")
 
     def __init__(self, noise: float) -> None:
         self.noise = noise
@@ -137,6 +137,8 @@ class PooledRates:
         self.median: float | None = None
         self._rates: list[float | None] = []
         self._memo: dict[float, float] = {}
+        # MU rate -> own learned rate -> seconds per prefill MU on the relative scale (``relative_per_mu``).
+        self._per_mu: dict[float, dict[float | None, float]] = {}
 
     def update(self, candidates: Sequence[ReplicaSnapshot]) -> None:
         rates = [r.learned_prefill_tokens_per_s for r in candidates]
@@ -148,6 +150,7 @@ class PooledRates:
         if med != self.median:
             self.median = med
             self._memo = {}
+            self._per_mu = {}
 
     def rate(self, own: float | None) -> float | None:
         """The rate to use for a replica whose own learned rate is ``own`` (``None``: not learned yet)."""
@@ -162,6 +165,27 @@ class PooledRates:
             s = self._log_noise
             got = med if -s <= d <= s else med * math.exp(d - s * s / d)
             self._memo[own] = got
+        return got
+
+    def per_mu_table(self, cap: float) -> dict[float | None, float]:
+        """The seconds per MU ``relative_per_mu`` gave so far at MU rate ``cap``, by own learned rate (valid
+        while the median holds): the fused pick reads it and asks ``relative_per_mu`` only on a miss."""
+        table = self._per_mu.get(cap)
+        if table is None:
+            table = self._per_mu[cap] = {}
+        return table
+
+    def relative_per_mu(self, own: float | None, cap: float) -> float:
+        """``learned_rate_scale: relative``: seconds per prefill MU on a replica whose own learned rate is
+        ``own`` and MU rate ``cap``: the median / its pooled rate / ``cap`` (``TtftEstimate.sec_per_mu``'s
+        rule; 0 without a median). Request-independent, so kept in ``per_mu_table(cap)``."""
+        med = self.median
+        rate = self.rate(own)
+        got = med / (rate * cap) if med and rate else 0.0
+        table = self.per_mu_table(cap)
+        if len(table) >= 4096:  # rates keep being relearned: forget old ones
+            table.clear()
+        table[own] = got
         return got
 
 
