@@ -544,7 +544,7 @@ SESSION9: dict[str, object] = {
 
 
 class _Neutral(StageBase):
-    """An extra scorer that scores every candidate 1 (adds 0 s): it only sends ``pick`` to its general loop."""
+    """An extra scorer scoring every candidate 1 (adds 0 s): it only sends ``pick`` to its general loop."""
 
     name = "neutral"
 

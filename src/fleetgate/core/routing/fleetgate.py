@@ -315,12 +315,12 @@ class FleetgatePolicy(PolicyBase):
         depth_of = (depths or {}).get
         # Only these can be the cache leader or the subset's fastest (one set test for every other replica).
         marked = (depths or {}).keys() | rank_of.keys()
-        # Without a configured prefill rate or extra scorers, with learned rates each replica's own or pooled on
-        # the relative scale (the session-10 defaults) and the engine queue trusted, a loop without those
-        # branches; the general loop below is the same rule (tests/unit/test_routing_fleetgate.py holds them
-        # to the same decisions). On the relative scale a replica's seconds per MU depend only on its own
-        # learned rate and MU rate while the pool's median holds: read from the pool's table
-        # (``rel_pool``; none when no candidate has a learned rate: all 0 then, as the plain rule gives).
+        # Without a configured prefill rate or extra scorers, with each replica's own learned rate or pooled
+        # ones on the relative scale (the session-10 defaults), the engine queue trusted: a loop without
+        # those branches; the general loop below is the same rule (tests/unit/test_routing_fleetgate.py
+        # holds them to the same decisions). On the relative scale a replica's seconds per MU depend only
+        # on its own learned rate and MU rate while the pool's median holds, so they come from the pool's
+        # table (``rel_pool``; none when no candidate has a learned rate: all 0 then, as the plain rule).
         plain = per_replica_rate and extra is None and engine_q and spt > 0 and (pool is None or est.relative)
         rel_pool = pool if plain and rel_ref else None
         rel_table: dict[float | None, float] = {}
