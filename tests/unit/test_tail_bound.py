@@ -4,6 +4,7 @@ requests while others are on time, alone and inside fleetgate's policy (issue 20
 from __future__ import annotations
 
 import random
+from statistics import median
 
 import pytest
 
@@ -167,3 +168,38 @@ def test_fleetgate_keep_share_stays_with_a_session_holder() -> None:
     p.on_dispatch(first, home, 0.0)
     again = req(2, prefix_hashes=hashes, prefix_block_tokens=128)
     assert p.pick(again, reps, 60.0, rng).replica == home
+
+
+def _reference_keep(tb: TailBound, reps: list[ReplicaSnapshot], now: float) -> list[str]:
+    """The bound written out from each candidate's overdue (no shortcut)."""
+    late = [tb.overdue_s(r.name, now) for r in reps]
+    if not late or max(late) <= tb.slack_s:
+        return names(reps)
+    limit = tb.factor * median(late) + tb.slack_s
+    return [r.name for r, x in zip(reps, late, strict=True) if x <= limit]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_keep_matches_the_rule_written_out(seed: int) -> None:
+    """``keep``'s shortcut (the least unanswered expected time over all replicas) never changes its answer:
+    random expectations, retries, first tokens and completions, asked at random times and candidate sets."""
+    rnd = random.Random(seed)
+    tb = TailBound(TailBoundParams(tail_bound_s=2.0))
+    reps = fleet(7)
+    open_: list[tuple[RequestInfo, str]] = []
+    for i in range(3000):
+        now = i * 0.05
+        u = rnd.random()
+        if u < 0.4:
+            r = req(rnd.randrange(i + 1)) if rnd.random() < 0.05 else req(i)  # (a retry reuses an id)
+            name = rnd.choice(reps).name
+            tb.expect(r, name, now + rnd.choice((-1.0, 0.0, 0.5, 3.0)))
+            open_.append((r, name))
+        elif u < 0.6 and open_:
+            r, name = open_.pop(rnd.randrange(len(open_)))
+            tb.on_first_token(r, name, now)
+        elif u < 0.7 and open_:
+            r, name = open_.pop(rnd.randrange(len(open_)))
+            tb.on_complete(r, name, now, 1.0, True)
+        cands = [r for r in reps if rnd.random() < 0.8] or reps
+        assert names(tb.keep(cands, now)) == _reference_keep(tb, cands, now), i

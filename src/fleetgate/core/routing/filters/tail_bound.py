@@ -25,6 +25,7 @@ for: the gateway reports no first token for the others, which would look unanswe
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Mapping
 from statistics import median
@@ -74,6 +75,9 @@ class TailBound(StageBase):
         self.loads = loads
         self._pending: dict[str, dict[str, float]] = {}  # replica -> request id -> expected first token
         self._replica_of: dict[str, str] = {}
+        # (expected first token, request id) of every expectation, a min-heap: entries answered since are
+        # dropped when they reach the top. Its least unanswered entry bounds every replica's overdue.
+        self._due: list[tuple[float, str]] = []
         self.dropped = 0  # candidates dropped (all picks)
 
     # -- the rule ------------------------------------------------------------------------------------
@@ -86,6 +90,23 @@ class TailBound(StageBase):
         late = now - next(iter(pending.values()))
         return late if late > 0.0 else 0.0
 
+    def _all_within_slack(self, now: float) -> bool:
+        """No unanswered request on any replica is more than ``tail_bound_s`` overdue, so every candidate is
+        within the bound (the usual case, answered without a pass over the candidates)."""
+        due = self._due
+        pending = self._pending
+        replica_of = self._replica_of
+        slack = self.slack_s
+        while due:
+            expected, rid = due[0]
+            if now - expected <= slack:  # (the least expected time: the largest overdue)
+                return True
+            replica = replica_of.get(rid)
+            if replica is not None and pending[replica].get(rid) == expected:
+                return False
+            heapq.heappop(due)  # answered (or re-expected) since
+        return True
+
     def keep(
         self,
         candidates: list[ReplicaSnapshot],
@@ -96,7 +117,7 @@ class TailBound(StageBase):
         """The candidates within the bound (the input list itself when all are). With
         ``tail_bound_keep_share``, ``depths(request)`` (the TTFT estimate's expected cached blocks per
         replica) names the replicas that hold that share of the prompt, kept whatever their overdue."""
-        if not self._replica_of:
+        if not self._replica_of or self._all_within_slack(now):
             return candidates
         late = [self.overdue_s(r.name, now) for r in candidates]
         top = max(late)
@@ -137,11 +158,16 @@ class TailBound(StageBase):
         if len(self._replica_of) > 100_000:  # outcomes that never came back: forget them
             self._pending.clear()
             self._replica_of.clear()
+            self._due.clear()
+        elif len(self._due) > 4 * len(self._replica_of) + 4096:  # answered entries held behind a late one
+            self._due = [(e, r) for p in self._pending.values() for r, e in p.items()]
+            heapq.heapify(self._due)
         pending = self._pending.get(replica)
         if pending is None:
             pending = self._pending[replica] = {}
         pending[rid] = expected_s
         self._replica_of[rid] = replica
+        heapq.heappush(self._due, (expected_s, rid))
 
     def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
         """As a plain pipeline filter: expect the first token at the replica's fluid queue end (the TTFT
