@@ -519,7 +519,9 @@ class FleetgatePolicy(PolicyBase):
         est = self.estimate
         cost = est.on_dispatch(request, replica, now)
         self.guard.charge(request.request_id, replica, cost, now)
-        if self.tail is not None:  # (after the estimate: it expects the first token at the fluid queue end)
+        # (after the estimate: the tail bound expects the first token at the fluid queue end; it waits only
+        # for a streamed request's)
+        if self.tail is not None and request.stream:
             self.tail.on_dispatch(request, replica, now)
         self.affinity.record(request, replica, now, cost, est.cap_rate)
         for scorer, _ in self.scorers:
