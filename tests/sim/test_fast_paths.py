@@ -66,8 +66,10 @@ def test_frozen_builder_objects_equal_the_dataclass_own() -> None:
     assert a == b and hash(a) == hash(b) and repr(a) == repr(b) and type(a) is RequestInfo
     with pytest.raises(AttributeError):
         a.cost_mu = 2.0  # type: ignore[misc]  # still frozen
-    e = engine_request("r1", 100, 30, (1, 2), 0, 512)
+    e = engine_request("r1", 100, 30, (1, 2), 0, 512, ())
     assert e == EngineRequest("r1", 100, 30, (1, 2), 0, 512)
+    with_ids = engine_request("r2", 3, 1, (), 0, None, (5, 6, 7))  # the engine's own token ids (llama model)
+    assert with_ids == EngineRequest("r2", 3, 1, (), 0, None, (5, 6, 7))
     snap = frozen_builder(ReplicaSnapshot, ("name", "health", "inflight_requests"))
     assert snap("a", HealthState.STARTING, 3) == ReplicaSnapshot(
         name="a", health=HealthState.STARTING, inflight_requests=3
