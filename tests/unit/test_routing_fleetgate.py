@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,9 @@ from fleetgate.core.routing.pipeline import PickContext, StageBase
 from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads
 from fleetgate.core.types import HealthState, ReplicaSnapshot, RequestInfo
 from fleetgate.profiles import load_profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from session_affinity import SESSION9_DEFAULTS
 
 
 def fleet(n: int, **kw: object) -> list[ReplicaSnapshot]:
@@ -530,17 +535,8 @@ def test_fused_pick_agrees_with_its_parts(rate: float | None) -> None:
             p.on_complete(r, d.replica, now + 0.5, r.cost_mu, True)
 
 
-#: Session 9's defaults (bench/session_affinity.py ``SESSION9_DEFAULTS``).
-SESSION9: dict[str, object] = {
-    "key": "prefix",
-    "hot_share": 0.5,
-    "spill_max_wait_s": None,
-    "guard_exempt_ratio": 0.3,
-    "learned_rate_noise": 1.0,
-    "learned_rate_scale": "seconds",
-    "tail_bound_s": None,
-    "tail_bound_keep_share": None,
-}
+#: Session 9's defaults, one copy of them (bench/session_affinity.py).
+SESSION9: dict[str, object] = dict(SESSION9_DEFAULTS)
 
 
 class _Neutral(StageBase):
