@@ -491,9 +491,10 @@ def main() -> None:
         help="llama: a probe of one live replica (router_compare.py --engine llama --probe-prefill --out F): "
         "sets --prefill-tokens-per-s, --prefill-s-per-token-sq, --decode-step-s and --sample-s from its fit.",
     )  # fmt: skip
-    ap.add_argument("--llama-cache-ram", type=int, default=LlamaFleet().cache_ram_mib)
-    ap.add_argument("--llama-ctx-size", type=int, default=LlamaFleet().ctx_size)
-    ap.add_argument("--llama-parallel", type=int, default=LlamaFleet().parallel)
+    llama_defaults = LlamaFleet()  # (the live bench's llama-server flags)
+    ap.add_argument("--llama-cache-ram", type=int, default=llama_defaults.cache_ram_mib)
+    ap.add_argument("--llama-ctx-size", type=int, default=llama_defaults.ctx_size)
+    ap.add_argument("--llama-parallel", type=int, default=llama_defaults.parallel)
     ap.add_argument(
         "--engine-cache-blocks", type=int, default=None,
         help="sim: prefix-cache blocks per replica (router_compare.py --engine-cache-blocks; default 4,096).",
