@@ -28,8 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llama_fleet import LLAMA_MODEL, LlamaFleet, start_llama
 from live_procs import stop_all
+from llama_fleet import LLAMA_MODEL, LlamaFleet, start_llama
 
 from fleetgate.bench.prompts import PromptSynth
 

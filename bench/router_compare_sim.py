@@ -53,6 +53,7 @@ from fleetgate.engines.llama import default_hf_model
 from fleetgate.sim.des import SimConfig, Simulator, default_ids
 from fleetgate.sim.speed import SpeedVariation, SpeedVaryingEngine
 from fleetgate.sim.traces import Trace, TraceRequest, default_traces_dir, load_trace
+from fleetgate.simengine.contention import SharedCpu, parse_slowdown
 from fleetgate.simengine.llamaserver import LlamaServerModel, LlamaServerParams
 from fleetgate.simengine.perfmodel import EngineModel, PerfParams
 
@@ -123,6 +124,16 @@ def llama_server_params(fleet: LlamaFleet, args: argparse.Namespace) -> LlamaSer
         attn_s=args.prefill_s_per_token_sq,
         sample_s=args.sample_s,
     )
+
+
+def llama_contention(spec: str) -> tuple[float, ...]:
+    """``--llama-contention``: factors ``f1,f2,f3`` (an iteration's slowdown with 1, 2, 3 replicas busy
+    at once) or a contention probe's JSON (``bench/llama_contention.py --out``: its prefill factors)."""
+    path = Path(spec)
+    if path.suffix == ".json" or path.exists():
+        factors = json.loads(path.read_text())["factors"]["prefill"]
+        return parse_slowdown([factors[k] for k in sorted(factors, key=int)])
+    return parse_slowdown([float(x) for x in spec.split(",") if x])
 
 
 def scaled_slice(
@@ -491,6 +502,12 @@ def main() -> None:
         help="llama: a probe of one live replica (router_compare.py --engine llama --probe-prefill --out F): "
         "sets --prefill-tokens-per-s, --prefill-s-per-token-sq, --decode-step-s and --sample-s from its fit.",
     )  # fmt: skip
+    ap.add_argument(
+        "--llama-contention", default=None, metavar="F1,F2,F3|PROBE.json",
+        help="llama-server model: CPU contention between the replicas (off by default): each iteration takes "
+        "Fk x its time with k replicas computing when it starts (simengine.contention; the last factor for "
+        "more), or the prefill factors of a live probe (bench/llama_contention.py --out).",
+    )  # fmt: skip
     llama_defaults = LlamaFleet()  # (the live bench's llama-server flags)
     ap.add_argument("--llama-cache-ram", type=int, default=llama_defaults.cache_ram_mib)
     ap.add_argument("--llama-ctx-size", type=int, default=llama_defaults.ctx_size)
@@ -567,6 +584,11 @@ def main() -> None:
             f"sample {args.sample_s * 1e3:.3f} ms",
             file=sys.stderr,
         )
+    slowdown = llama_contention(args.llama_contention) if args.llama_contention else ()
+    if slowdown:
+        if args.engine != "llama" or args.engine_model != "llama-server":
+            raise SystemExit("--llama-contention: only with --engine llama --engine-model llama-server")
+        print(f"llama contention: slowdown {', '.join(f'{f:.3f}' for f in slowdown)}", file=sys.stderr)
     starts = [int(x) for x in args.slices.split(",")]
     path = args.trace or default_traces_dir() / "mooncake" / "conversation_trace.jsonl"
     if args.workload:
@@ -616,11 +638,13 @@ def main() -> None:
     ids = default_ids("r") if args.prompts == "live" else sim_ids
     speed_key = {ids(i): sim_ids(i) for i in range(args.replicas)}
 
-    def make_engine(name: str) -> EngineModel | SpeedVaryingEngine | LlamaServerModel:
+    def make_engine(
+        name: str, cpu: SharedCpu | None = None
+    ) -> EngineModel | SpeedVaryingEngine | LlamaServerModel:
         if args.engine == "llama" and args.engine_model == "llama-server":
             if speed.active:
                 raise SystemExit("--speed-noise: the llama-server model runs at its calibrated speed")
-            return LlamaServerModel(lparams)
+            return LlamaServerModel(lparams, cpu)
         engine = EngineModel(perf)
         return SpeedVaryingEngine(engine, speed, speed_key.get(name, name)) if speed.active else engine
 
@@ -641,11 +665,13 @@ def main() -> None:
             policy: Any = SglangCacheAwareModel.build({"order_seed": draw, **p})
         else:
             policy = build_policy(name, p)
+        # one machine per simulated run: its replicas share the cores (--llama-contention)
+        cpu = SharedCpu(slowdown) if slowdown else None
         sim = Simulator(
             trace,
             policy,
             DEFAULT_PROFILE,
-            make_engine,
+            make_engine if cpu is None else lambda n: make_engine(n, cpu),
             SimConfig(replicas=args.replicas, seed=1, replica_ids=ids),
         )
         res = sim.run()

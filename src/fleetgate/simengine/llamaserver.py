@@ -38,7 +38,9 @@ A request's tokens are ``EngineRequest.prompt_tokens`` (the engine's own token i
 them each block hash stands for ``hash_block_tokens`` tokens and the tail after the last block is unique to
 the request, so prefixes then match at block granularity only. Not modelled: context shift, speculative
 decoding, multimodal chunks, context checkpoints (a plain transformer needs none), the prompt cache's
-allocation failures, CPU contention between replicas (the simulator's replicas run independently).
+allocation failures. CPU contention between replicas on shared cores is opt-in: a ``SharedCpu``
+(``simengine.contention``) given to every replica of a run stretches each iteration by the slowdown for the
+replicas computing when it starts; without one the replicas run independently at the calibrated speed.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from fleetgate.simengine.contention import SharedCpu
 from fleetgate.simengine.perfmodel import EngineRequest, EngineStats, StepResult
 
 __all__ = ["LlamaServerModel", "LlamaServerParams", "common_prefix"]
@@ -186,10 +189,13 @@ class _Iteration:
 
 class LlamaServerModel:
     """One llama-server replica: ``submit`` / ``advance`` / ``next_event_time`` like ``perfmodel.EngineModel``
-    (the simulator's ``EngineModel`` protocol). Deterministic; time is passed in."""
+    (the simulator's ``EngineModel`` protocol). Deterministic; time is passed in. ``cpu``: the machine this
+    replica shares with the others of the run (CPU contention, opt-in); ``None``: its own cores."""
 
-    def __init__(self, params: LlamaServerParams | None = None) -> None:
+    def __init__(self, params: LlamaServerParams | None = None, cpu: SharedCpu | None = None) -> None:
         self.params = params or LlamaServerParams()
+        self._cpu = cpu
+        self._cpu_key = cpu.join() if cpu is not None else -1
         self.slots = [_Slot(i) for i in range(self.params.parallel)]
         self.cache: list[_State] = []  # the prompt cache, oldest first
         self._queue: deque[_Req] = deque()  # received, not yet in a slot (deferred), first in first out
@@ -353,7 +359,10 @@ class LlamaServerModel:
         if tokens == 0:
             self._iter = None
             return
-        it.end = t + p.iteration_time(tokens, attn, sampled)
+        dt = p.iteration_time(tokens, attn, sampled)
+        if self._cpu is not None:
+            dt = self._cpu.stretch(self._cpu_key, t, dt)
+        it.end = t + dt
         self._iter = it
 
     def _finish(self, it: _Iteration, res: StepResult) -> None:
