@@ -2,13 +2,13 @@
 contention on a shared machine): the live bench runs 3 single-thread replicas of the tiny model unpinned on
 this VM's cores, while ``router_compare.py --probe-prefill`` calibrates one replica alone.
 
-Starts 3 replicas with the live bench's flags (``LlamaFleet``), then for k = 1, 2, 3 (and 1 again, to see
+Starts 3 replicas with the live bench's flags (``LlamaFleet``), then for k = 1, 2, 3 (and back, to see
 drift) keeps k of them busy for ``--seconds`` each, in two modes: *prefill* (each busy replica evaluates cold
 prompts back to back, one at a time, 1 output token: ``timings.prompt_ms / prompt_n``) and *decode* (each
 busy replica runs ``--decode-slots`` concurrent requests of 64 output tokens:
 ``timings.predicted_ms / predicted_n``, one iteration). The slowdown ``f(k)`` is the median time per token
-with k busy over the median with 1 busy (the first k = 1 block). Also the CPU time each replica got
-(``/proc/PID/stat``) over each block and the load average.
+with k busy over the median with 1 busy (per k the median of its blocks' medians: the machine drifts).
+Also the CPU time each replica got (``/proc/PID/stat``) over each block and the load average.
 
     flock /tmp/fleetgate-live.lock .venv/bin/python bench/llama_contention.py --out F.json
 """
@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--words", type=int, default=256, help="prefill: words per cold prompt")
     ap.add_argument("--decode-slots", type=int, default=2)
-    ap.add_argument("--order", default="1,2,3,1")
+    ap.add_argument("--order", default="1,2,3,3,2,1")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--logdir", type=Path, default=Path("/tmp/llama_contention"))
     args = ap.parse_args()
@@ -128,11 +128,12 @@ def main() -> None:
         stop_all(procs)
     factors: dict[str, dict[str, float]] = {}
     for mode in ("prefill", "decode"):
-        base = next(b for b in blocks if b["mode"] == mode and b["k"] == 1)["median_s_per_token"]
-        factors[mode] = {}
-        for k in sorted({b["k"] for b in blocks}):
-            vals = [b["median_s_per_token"] for b in blocks if b["mode"] == mode and b["k"] == k]
-            factors[mode][str(k)] = statistics.median(vals) / base
+        # per k: the median of its blocks' medians; over k = 1's (the machine drifts between blocks)
+        per_k = {
+            k: statistics.median(b["median_s_per_token"] for b in blocks if b["mode"] == mode and b["k"] == k)
+            for k in sorted({b["k"] for b in blocks})
+        }
+        factors[mode] = {str(k): v / per_k[1] for k, v in per_k.items()}
     doc = {
         "started_utc": started, "ended_utc": time.strftime("%H:%M:%S", time.gmtime()),
         "load_avg_start": load_start, "load_avg_end": os.getloadavg(), "cpus": os.cpu_count(),

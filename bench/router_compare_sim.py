@@ -131,8 +131,8 @@ def llama_contention(spec: str) -> tuple[float, ...]:
     at once) or a contention probe's JSON (``bench/llama_contention.py --out``: its prefill factors)."""
     path = Path(spec)
     if path.suffix == ".json" or path.exists():
-        factors = json.loads(path.read_text())["factors"]["prefill"]
-        return parse_slowdown([factors[k] for k in sorted(factors, key=int)])
+        factors = json.loads(path.read_text())["factors"]["prefill"]  # relative to one busy replica
+        return parse_slowdown([factors[k] / factors["1"] for k in sorted(factors, key=int)])
     return parse_slowdown([float(x) for x in spec.split(",") if x])
 
 
