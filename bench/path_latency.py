@@ -48,6 +48,7 @@ import yaml
 from live_procs import Proc, spawn, stop_all, wait_http, wait_ready_line
 from router_compare import MODEL, engine_facts, engine_profile
 from router_compare_sim import live_engine, live_prompt_slice
+from router_repeats import cpu_shares, cpu_times
 
 from fleetgate.bench.prompts import PromptSynth
 from fleetgate.bench.replay import PlannedRequest, ReplayOptions, RequestResult, _send, plan_requests
@@ -165,7 +166,7 @@ def run_cell(
         {1},
     )  # fmt: skip
     procs = [engine]
-    load_before = os.getloadavg()[0]
+    load_before, cpu_before = os.getloadavg()[0], cpu_times()
     try:
         wait_ready_line([engine])
         assert engine.url is not None
@@ -180,6 +181,7 @@ def run_cell(
         results = asyncio.run(replay(planned, base, sequential=rate == 0))
         wall = time.monotonic() - t0
         s1, c1 = engine_ttft(engine.url)
+        cpu = cpu_shares(cpu_before, cpu_times())
     finally:
         stop_all(procs)
     ok = [r for r in results if r.ok and r.ttft_s is not None]
@@ -202,6 +204,7 @@ def run_cell(
         "ok": len(ok),
         "wall_s": round(wall, 1),
         "load_avg_1min": [load_before, os.getloadavg()[0]],
+        "cpu_shares": cpu,
         "live_ttft_mean_s": float(np.nanmean(live)),
         "sim_ttft_mean_s": float(np.nanmean(sim)),
         "engine_ttft_mean_s": eng_mean,
@@ -213,10 +216,15 @@ def run_cell(
         "path_fit_ms": {"a": float(fit[1] * 1e3), "b_per_1k_tokens": float(fit[0] * 1e6)},
         "mean_prompt_tokens": float(tokens.mean()),
         "rows": [
-            {"tokens": int(t), "out": p.max_tokens, "live": None if np.isnan(lv) else float(lv),
-             "sim": None if np.isnan(sv) else float(sv), "send": s}
+            {
+                "tokens": int(t),
+                "out": p.max_tokens,
+                "live": None if np.isnan(lv) else float(lv),
+                "sim": None if np.isnan(sv) else float(sv),
+                "send": s,
+            }
             for t, p, lv, sv, s in zip(tokens, planned, live, sim, sends, strict=True)
-        ],  # fmt: skip
+        ],
     }
     return rec
 
@@ -230,7 +238,7 @@ def main() -> None:
     ap.add_argument("--cells", default="0.125:0:100,0.125:4:240,0.03:15:450", help="T:RATE:N,...")
     ap.add_argument("--policy", default="fleetgate", help="The gateway's routing policy (and the DES's).")
     ap.add_argument("--engine-cache-blocks", type=int, default=None)
-    ap.add_argument("--skip", type=int, default=0, help="Start at the trace's request K (not the kept runs').")
+    ap.add_argument("--skip", type=int, default=0, help="Start at trace request K.")
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -240,19 +248,22 @@ def main() -> None:
     trace = load_trace(args.trace, max_requests=args.skip + max(c[2] for c in cells)).requests[args.skip :]
     out: list[dict[str, Any]] = []
     print("| mode | T | rate | n | ok | live / sim / engine mean TTFT ms | path mean / p50 / p95 ms "
-          "| fit a ms + b ms per 1k tokens | load |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| fit a ms + b ms per 1k tokens | load | CPU user / nice / idle |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for ts, rate, n in cells:
         for mode in args.modes.split(","):
             rec = run_cell(mode, ts, rate, n, args, trace)
             out.append(rec)
             p, f = rec["path_ms"], rec["path_fit_ms"]
             eng = rec["engine_ttft_mean_s"]
+            cpu = rec["cpu_shares"] or {}
             print(
                 f"| {mode} | {ts} | {rate:g} | {n} | {rec['ok']} | {rec['live_ttft_mean_s'] * 1e3:.1f} / "
                 f"{rec['sim_ttft_mean_s'] * 1e3:.1f} / {'-' if eng is None else f'{eng * 1e3:.1f}'} "
-                f"| {p['mean']:.1f} / {p['p50']:.1f} / {p['p95']:.1f} | {f['a']:.2f} + {f['b_per_1k_tokens']:.2f} "
-                f"| {rec['load_avg_1min'][0]:.2f}->{rec['load_avg_1min'][1]:.2f} |",
+                f"| {p['mean']:.1f} / {p['p50']:.1f} / {p['p95']:.1f} "
+                f"| {f['a']:.2f} + {f['b_per_1k_tokens']:.2f} "
+                f"| {rec['load_avg_1min'][0]:.2f}->{rec['load_avg_1min'][1]:.2f} "
+                f"| {cpu.get('user', 0):.2f} / {cpu.get('nice', 0):.2f} / {cpu.get('idle', 0):.2f} |",
                 flush=True,
             )
             if args.out:
