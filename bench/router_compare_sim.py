@@ -36,7 +36,7 @@ import json
 import random
 import sys
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +236,59 @@ def send_jitter(trace: Trace, max_s: float, seed: int) -> Trace:
     rng = random.Random(seed)
     moved = [replace(r, arrival_s=r.arrival_s + rng.uniform(0.0, max_s)) for r in trace.requests]
     return replace(trace, requests=sorted(moved, key=lambda r: r.arrival_s))
+
+
+@dataclass(frozen=True)
+class PathTerm:
+    """The live path's latency, which the simulator does not model: the replay client's, the gateway's and the
+    engine's HTTP, JSON, tokenisation and SSE and their event loops' wake-ups (session 13). Added to every
+    simulated TTFT: ``fixed_s`` plus ``per_token_s`` per prompt token (the gateway's count), plus, with
+    ``residuals_s``, one of the measured residuals drawn for each request (seeded by the draw, the same
+    draws for every policy of a draw). The engines see each request at its simulated arrival; the term only
+    lengthens what the client measures. Calibrated on one engine by ``bench/path_latency.py``, not on the
+    runs predicted (``from_calibration``)."""
+
+    fixed_s: float = 0.0
+    per_token_s: float = 0.0
+    residuals_s: tuple[float, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        return bool(self.fixed_s or self.per_token_s or self.residuals_s)
+
+    def delays(self, trace: Trace, draw: int) -> np.ndarray:
+        """Each request's path latency (s), in ``trace``'s order."""
+        tokens = np.array([r.input_tokens for r in trace.requests], dtype=float)
+        out = self.fixed_s + self.per_token_s * tokens
+        if self.residuals_s:
+            rng = np.random.default_rng(1_000 + draw)
+            out = out + rng.choice(np.asarray(self.residuals_s), size=len(tokens))
+        return out
+
+    @staticmethod
+    def from_calibration(doc: dict[str, Any], rate: float, residuals: bool = True) -> tuple[PathTerm, str]:
+        """The term from ``path_latency.py --out``: its gateway cell (open loop) whose arrival rate is nearest
+        ``rate`` (requests per second of the run predicted): the least-squares fit of its per-request path
+        (live TTFT minus the simulator's) on prompt tokens, and that fit's residuals."""
+        cells = [c for c in doc["cells"] if c["mode"] == "gateway" and c["rate"] > 0]
+        if not cells:
+            raise SystemExit("--path-from: no open-loop gateway cell in the calibration")
+        cell = min(cells, key=lambda c: abs(c["rate"] - rate))
+        rows = [r for r in cell["rows"] if r["live"] is not None and r["sim"] is not None]
+        tokens = np.array([r["tokens"] for r in rows], dtype=float)
+        path = np.array([r["live"] - r["sim"] for r in rows])
+        b, a = np.polyfit(tokens, path, 1)
+        res = tuple(float(x) for x in path - (a + b * tokens)) if residuals else ()
+        note = (
+            f"path term from the gateway cell at {cell['rate']:g} req/s (time scale {cell['time_scale']}, "
+            f"{len(rows)} requests): {a * 1e3:.2f} ms + {b * 1e6:.3f} ms per 1k tokens"
+            + (
+                f", residuals p50 {np.median(res) * 1e3:+.2f} / p95 {np.percentile(res, 95) * 1e3:+.2f} ms"
+                if res
+                else ""
+            )
+        )
+        return PathTerm(float(a), float(b), res), note
 
 
 #: What the simulator runs for each live contender. vllm-router 0.1.17's cache_aware is not modelled by
@@ -552,6 +605,21 @@ def main() -> None:
     ap.add_argument("--speed-noise", type=float, default=0.0, help="sim: replica speeds wander (sim.speed).")
     ap.add_argument("--speed-period", type=float, default=10.0, help="sim: seconds between speed redraws.")
     ap.add_argument("--speed-seed", type=int, default=1, help="sim: the speed schedule's seed.")
+    ap.add_argument(
+        "--path-ms", type=float, default=0.0,
+        help="A fixed live-path latency added to every simulated TTFT (ms; PathTerm). Default 0: none.",
+    )  # fmt: skip
+    ap.add_argument(
+        "--path-ms-per-1k", type=float, default=0.0, help="Path latency per 1,000 prompt tokens (ms)."
+    )
+    ap.add_argument(
+        "--path-from", type=Path, default=None,
+        help="The path term calibrated by bench/path_latency.py --out: its gateway cell nearest this run's "
+        "arrival rate (fit and residuals; replaces --path-ms and --path-ms-per-1k).",
+    )  # fmt: skip
+    ap.add_argument(
+        "--path-no-residuals", action="store_true", help="--path-from: the fit only, no residual draws."
+    )
     ap.add_argument("--json", type=Path, default=None, help="Also write every slice's figures here.")
     ap.add_argument(
         "--requests-json", type=Path, default=None, help="Per-request results of the first slice."
@@ -658,6 +726,16 @@ def main() -> None:
             return live_prompt_slice(reqs, args.rate, args.tokens_scale)
         return scaled_slice(reqs, args.rate, args.tokens_scale, factor)
 
+    path_term = PathTerm(args.path_ms / 1e3, args.path_ms_per_1k / 1e6)
+    if args.path_from is not None:
+        first_trace = workload(starts[0]).requests
+        span = first_trace[-1].arrival_s - first_trace[0].arrival_s if len(first_trace) > 1 else 0.0
+        arrival_rate = len(first_trace) / span if span > 0 else 0.0
+        path_term, note = PathTerm.from_calibration(
+            json.loads(args.path_from.read_text()), arrival_rate, not args.path_no_residuals
+        )
+        print(f"{note} (this run: {arrival_rate:.1f} req/s)", file=sys.stderr)
+
     def simulate(trace: Trace, label: str, draw: int = 0) -> tuple[Any, Figures]:
         name, _, tag = label.partition("@")
         p = {**(facts if name == "fleetgate" else {}), **params.get(tag or name, {})}
@@ -675,6 +753,8 @@ def main() -> None:
             SimConfig(replicas=args.replicas, seed=1, replica_ids=ids),
         )
         res = sim.run()
+        if path_term.active:  # what the client measures: the simulated TTFT plus the live path
+            res = replace(res, ttft_s=res.ttft_s + path_term.delays(trace, draw))
         tt = res.ttft_s[~np.isnan(res.ttft_s)]
         s = res.summary
         pct = np.percentile(tt, [95, 50, 99])

@@ -131,3 +131,69 @@ def test_a_smaller_live_engine_cache_reaches_the_engines_the_policy_and_the_pred
     assert args.engine_cache_blocks == 512 and args.time_scale == 0.125
     apply_live(args, {"meta": {**meta, "engine_profile": None}, "results": {}})
     assert args.engine_cache_blocks is None  # runs before the option: the profile's own 4,096
+
+
+def test_the_path_term_is_calibrated_on_the_nearest_gateway_cell_and_drawn_the_same_for_every_policy() -> (
+    None
+):
+    """``--path-from`` (session 13): ``path_latency.py``'s open-loop gateway cell nearest the run's arrival
+    rate gives the fit ``a + b * tokens`` of its per-request path (live minus simulated TTFT) and the fit's
+    residuals; a draw's residuals depend on the draw only, so the paired ratios of one draw share them."""
+    import numpy as np
+    from router_compare_sim import PathTerm
+
+    from fleetgate.sim.traces import TraceRequest
+
+    def cell(mode: str, rate: float, a: float, b: float) -> dict[str, object]:
+        noise = [0.001, -0.001, 0.0, 0.002, -0.002]
+        rows = [
+            {"tokens": t, "live": 0.05 + a + b * t + noise[i % 5], "sim": 0.05}
+            for i, t in enumerate(range(100, 3100, 100))
+        ]
+        return {"mode": mode, "rate": rate, "time_scale": 0.03, "rows": rows}
+
+    doc = {"cells": [cell("direct", 15, 0.5, 0.0), cell("gateway", 0, 0.3, 0.0),
+                     cell("gateway", 15, 0.010, 2e-6), cell("gateway", 25, 0.020, 4e-6)]}  # fmt: skip
+    term, note = PathTerm.from_calibration(doc, 17.0)
+    assert term.fixed_s == pytest.approx(0.010, abs=5e-4) and term.per_token_s == pytest.approx(
+        2e-6, rel=0.05
+    )
+    assert "15 req/s" in note and len(term.residuals_s) == 30
+    assert PathTerm.from_calibration(doc, 24.0)[0].fixed_s == pytest.approx(0.020, abs=5e-4)
+    assert PathTerm.from_calibration(doc, 17.0, residuals=False)[0].residuals_s == ()
+    reqs = [TraceRequest(arrival_s=i * 0.1, input_tokens=100 * (i + 1), output_tokens=4) for i in range(20)]
+    trace = Trace("t", reqs, "x")
+    plain = PathTerm(0.010, 2e-6).delays(trace, 3)
+    assert plain == pytest.approx([0.010 + 2e-6 * 100 * (i + 1) for i in range(20)])
+    d3 = term.delays(trace, 3)
+    assert np.array_equal(d3, term.delays(trace, 3)) and not np.array_equal(d3, term.delays(trace, 4))
+    drawn = d3 - (term.fixed_s + term.per_token_s * np.array([r.input_tokens for r in reqs]))
+    assert set(np.round(drawn, 12)) <= set(np.round(term.residuals_s, 12))  # each one a measured residual
+    assert not PathTerm().active and PathTerm(0.001).active
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="needs ../shared/traces")
+def test_a_fixed_path_latency_shifts_every_ttft_percentile_and_nothing_else(tmp_path: Path) -> None:
+    """``--path-ms 20`` adds 20 ms to every simulated TTFT: each percentile moves by exactly that, the hit
+    rates and loads do not move, and without the option the figures are the ones the script printed before."""
+    import json
+    import os
+    import subprocess
+
+    bench, traces = Path(__file__).resolve().parents[2] / "bench", TRACE.parents[1]
+
+    def run(*extra: str) -> dict[str, list[dict[str, float]]]:
+        out = tmp_path / f"r{len(extra)}.json"
+        subprocess.run(
+            [sys.executable, str(bench / "router_compare_sim.py"), "--slices", "0", "--requests", "150",
+             "--policies", "fleetgate,round_robin", "--rate", "6", "--json", str(out), *extra],
+            check=True, capture_output=True, env={**os.environ, "FLEETGATE_TRACES_DIR": str(traces)},
+        )  # fmt: skip
+        return json.loads(out.read_text())["policies"]
+
+    base, shifted = run(), run("--path-ms", "20")
+    for pol in ("fleetgate", "round_robin"):
+        a, b = base[pol][0], shifted[pol][0]
+        for k in ("p50_s", "p95_s", "p99_s"):
+            assert b[k] - a[k] == pytest.approx(0.020, abs=1e-9)
+        assert b["hit_rate"] == a["hit_rate"] and b["max_over_mean_load"] == a["max_over_mean_load"]
