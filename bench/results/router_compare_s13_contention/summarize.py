@@ -9,7 +9,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RUNS = ["router_compare_s11_llama_mc10", "router_compare_s10_aglive_l1", "router_compare_s10_aglive_l2",
         "router_compare_llama_s7_mooncake_x1", "router_compare_llama_s7_mooncake_x1.5",
-        "router_compare_llama_s7_azure_x1", "router_compare_llama_s7_azure_x2"]
+        "router_compare_llama_s7_azure_x1", "router_compare_llama_s7_azure_x2", "mc13"]
 
 
 def rows(tag, run):
