@@ -270,7 +270,8 @@ def test_client_disconnect_cancels_upstream(fleet: dict[str, Any]) -> None:
 def test_sigterm_drains_in_flight_streams(fleet: dict[str, Any], tmp_path: Path) -> None:
     """SIGTERM: streams already running finish normally; new connections are refused; the process exits."""
     tools = fleet["tools"]
-    engine_stats, ServerProcess, PY = tools.engine_stats, tools.ServerProcess, tools.PY
+    engine_stats, set_fault = tools.engine_stats, tools.set_fault
+    ServerProcess, PY = tools.ServerProcess, tools.PY
     cfg = dict(fleet["config"])
     cfg["gateway"] = {**cfg["gateway"], "shutdown_grace_s": 20}
     path = tmp_path / "gw.yaml"
@@ -291,12 +292,20 @@ def test_sigterm_drains_in_flight_streams(fleet: dict[str, Any], tmp_path: Path)
                     finish = chunk.choices[0].finish_reason
             return finish, n
 
-        futures = [started.submit(run_stream) for _ in range(3)]
-        # wait until all three streams are in flight on the engines
-        deadline = time.monotonic() + 10
-        while sum(engine_stats(e)["server"]["in_flight"] for e in fleet["engines"]) < 3:
-            assert time.monotonic() < deadline, "streams never started"
-            time.sleep(0.02)
+        # A 300-token stream lasts about 1.3 s at full speed: on a loaded machine the first one could finish
+        # before the third starts (CI, load 16: "streams never started"). So the engines run 20x slower until
+        # all three are in flight (each then needs ~25 s more), and at full speed again before the SIGTERM.
+        for e in fleet["engines"]:
+            set_fault(e, "slow", 20)
+        try:
+            futures = [started.submit(run_stream) for _ in range(3)]
+            deadline = time.monotonic() + 60
+            while sum(engine_stats(e)["server"]["in_flight"] for e in fleet["engines"]) < 3:
+                assert time.monotonic() < deadline, "streams never started"
+                time.sleep(0.02)
+        finally:
+            for e in fleet["engines"]:
+                set_fault(e, "none")
         t0 = time.monotonic()
         gateway.signal(signal.SIGTERM)
         refused = False  # the listener closes promptly (polled: the machine may be busy)
