@@ -555,8 +555,9 @@ class _Neutral(StageBase):
         SESSION9,  # each replica's own learned rate (the plain loop before session 11)
         {"learned_rate_noise": 1.0},  # relative scale, no shrinkage
         {"scan_limit": 5},
+        {"guard_exempt_s": 0.05, "spill_max_reprefill_s": 0.05},  # session 14's opt-in seconds rules
     ],
-    ids=["default", "session9", "relative-noise1", "scan"],
+    ids=["default", "session9", "relative-noise1", "scan", "reprefill-s"],
 )
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_fused_loop_makes_the_general_loops_decisions(params: dict[str, object], seed: int) -> None:

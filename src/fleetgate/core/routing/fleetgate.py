@@ -264,11 +264,11 @@ class FleetgatePolicy(PolicyBase):
         # A hot key (its subset grew beyond the minimum) must spread: no guard exemption for cached
         # replicas and no pull towards cache holders outside its subset.
         hot = aff.is_hot(subset)
-        exempt_tokens = guard.exempt_tokens(request, hot)
 
         pool = est.pool  # learned rates shrunk toward the deployment's median (over every candidate)
         if pool is not None:
             pool.update(cands)
+        exempt_tokens = guard.exempt_tokens(request, hot, depths, cands)  # (the s rule reads the pool)
         sticky = self.picker.sticky_cache
         skipped = 0
         lim = self.scan_limit
@@ -480,8 +480,13 @@ class FleetgatePolicy(PolicyBase):
             rel_lim = rel_lim_cached = _INF
         guard.skips += skipped
         share = deep_d * bt / inp if inp > 0 else 1.0
-        rep, t, reason = self.picker.choose(
-            sub, sub_t, deep, deep_d, deep_t, best, best_t, best_w, share if share < 1.0 else 1.0
+        picker = self.picker
+        move_s = 0.0
+        if deep is not None and deep is not best and picker.spill_max_reprefill_s < _INF:
+            # (opt-in) the context a spill would prefill again on the fastest: what the leader holds beyond it
+            move_s = est.reprefill_s(request, best, (deep_d - depth_of(best.name, 0)) * bt)
+        rep, t, reason = picker.choose(
+            sub, sub_t, deep, deep_d, deep_t, best, best_t, best_w, share if share < 1.0 else 1.0, move_s
         )
         name = rep.name
         cached_blocks = depths.get(name, 0) if depths else 0

@@ -8,11 +8,19 @@ expected cache hit saves) and settled to the real cost at completion. A replica 
 cache hit costs more than a little imbalance, but not without limit); hot keys get no exemption, and a replica
 within ``guard_min_util`` of its MU rate of the mean is never dropped. If the guard would drop every
 candidate (a huge request) it keeps them all.
+
+With ``guard_exempt_s`` the exemption is in seconds of re-prefill instead of a share of the prompt: the one
+candidate holding more of the prompt than any other gets the cached bound when the blocks only it holds
+would take at least ``guard_exempt_s`` seconds to prefill again (at its rate as the TTFT estimate reads it:
+configured, else its pooled learned rate, else the MU rate), i.e. when moving the request off it adds that
+much work. A session is then moved while its context is small, and kept (up to the cached bound) once its
+context is large; replicas tied for the deepest match get no exemption (a move between them is free).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 from pydantic import Field
 
@@ -40,6 +48,13 @@ class LoadGuardParams(PluginParams):
     guard_min_util: float = Field(
         default=0.05, ge=0, description="Excess over the mean (share of the replica's MU rate) never guarded."
     )
+    guard_exempt_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="Exemption in re-prefill seconds instead of `guard_exempt_ratio` (none: the ratio): the "
+        "deepest cache holder gets the cached bound when the prompt blocks only it holds would take this "
+        "many seconds to prefill again (at its learned rate as the TTFT estimate reads it).",
+    )
 
 
 class LoadGuard(StageBase):
@@ -54,6 +69,7 @@ class LoadGuard(StageBase):
         self.cached_load_bound = max(params.cached_load_bound, params.load_bound)
         self.guard_exempt_ratio = params.guard_exempt_ratio
         self.guard_min_util = params.guard_min_util
+        self.guard_exempt_s = params.guard_exempt_s
         self.loads = loads
         self.estimate = estimate
         self._charged: dict[str, float] = {}
@@ -78,10 +94,38 @@ class LoadGuard(StageBase):
             self.guard_min_util * horizon,
         )
 
-    def exempt_tokens(self, request: RequestInfo, hot: bool) -> float:
-        """Cached prompt tokens from which a replica gets the cached bound (none for a hot key)."""
+    def exempt_tokens(
+        self,
+        request: RequestInfo,
+        hot: bool,
+        depths: Mapping[str, int] | None = None,
+        candidates: Sequence[ReplicaSnapshot] = (),
+    ) -> float:
+        """Cached prompt tokens from which a replica gets the cached bound (none for a hot key). With
+        ``guard_exempt_s``: the deepest holder's tokens among ``candidates`` (expected cached blocks
+        ``depths``) when the blocks only it holds take that long to re-prefill, else none."""
         inp = request.input_tokens
-        return self.guard_exempt_ratio * inp if inp > 0 and not hot else _INF
+        if inp <= 0 or hot:
+            return _INF
+        if self.guard_exempt_s is None:
+            return self.guard_exempt_ratio * inp
+        if not depths:
+            return _INF
+        top = second = 0
+        holder: ReplicaSnapshot | None = None
+        get = depths.get
+        for r in candidates:
+            d = get(r.name, 0)
+            if d > top:
+                top, second, holder = d, top, r
+            elif d > second:
+                second = d
+        if holder is None or top == second:
+            return _INF
+        bt = request.prefix_block_tokens
+        if self.estimate.reprefill_s(request, holder, (top - second) * bt) < self.guard_exempt_s:
+            return _INF
+        return float(top * bt)
 
     def filter(
         self, request: RequestInfo, candidates: list[ReplicaSnapshot], ctx: PickContext
@@ -89,7 +133,7 @@ class LoadGuard(StageBase):
         own = request.cost_mu if request.cost_mu > 0 else self.estimate.prefill_mu(request)
         k, mean, lim, lim_cached, slack = self.limits(own, len(candidates), ctx.now)
         depths, _ = self.estimate.depths(request)
-        exempt = self.exempt_tokens(request, False)
+        exempt = self.exempt_tokens(request, False, depths, candidates)
         bt = request.prefix_block_tokens
         reps = self.loads.reps
         out = []

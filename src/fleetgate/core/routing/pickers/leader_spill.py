@@ -15,6 +15,11 @@ a spill re-prefills the context the leader holds (and moves the session's next t
 nothing on idle capacity but, when every replica has a queue, is work every later request waits behind
 (measured on agentic sessions: docs/benchmarks.md, "Session 5"). Inputs are TTFT estimates in seconds
 (``scorers.ttft``), so this picker belongs to the ``fleetgate`` policy.
+
+With ``spill_max_reprefill_s`` a cache leader is also kept when the spill would re-prefill more than that
+many seconds of its context (the blocks it holds beyond what the fastest candidate holds, at the fastest's
+rate as the TTFT estimate reads it) onto a replica with prefill queued: a session is spilled while its
+context is small and not once it is large (onto a replica with nothing queued it spills as before).
 """
 
 from __future__ import annotations
@@ -52,6 +57,12 @@ class LeaderSpillParams(PluginParams):
         "prefill ends within this many seconds / s (none: no bound). A spill re-prefills the cached "
         "context: free on idle capacity, paid by every later request under load.",
     )
+    spill_max_reprefill_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="A cache leader spills onto a replica with prefill queued only when the context it holds "
+        "beyond that replica would take at most this many seconds to prefill there (none: no bound).",
+    )
 
 
 class LeaderSpillPicker(StageBase):
@@ -68,6 +79,9 @@ class LeaderSpillPicker(StageBase):
         self.sticky_cache = params.sticky_cache
         self.sticky_min_blocks = params.sticky_min_blocks
         self.spill_max_wait_s = math.inf if params.spill_max_wait_s is None else params.spill_max_wait_s
+        self.spill_max_reprefill_s = (
+            math.inf if params.spill_max_reprefill_s is None else params.spill_max_reprefill_s
+        )
         self.spills = 0
 
     def choose(
@@ -81,16 +95,20 @@ class LeaderSpillPicker(StageBase):
         best_t: float,
         best_wait: float = 0.0,
         deep_share: float = 1.0,
+        move_s: float = 0.0,
     ) -> tuple[C, float, str]:
         """``(candidate, ttft, reason)`` from the subset's fastest (``sub``, ``None`` for none), the deepest
         cache holder (``deep``, ``None`` for none, holding ``deep_d`` blocks) and the fastest overall
         (``best``, with ``best_wait`` seconds of prefill queued ahead of it; ``deep_share``: the share of the
-        prompt the cache holder holds). Candidates are whatever the caller names them by."""
+        prompt the cache holder holds; ``move_s``: seconds of prefill the spill would add, the context the
+        holder has beyond ``best``). Candidates are whatever the caller names them by."""
         stay = False
         if deep is not None and deep_d >= self.sticky_min_blocks:
             sub, sub_t = deep, deep_t  # the replica expected to hold the most of the prompt leads
             factor, slack_s = self.spill_factor, self.spill_slack_s
-            stay = best_wait * deep_share > self.spill_max_wait_s
+            stay = best_wait * deep_share > self.spill_max_wait_s or (
+                best_wait > 0.0 and move_s > self.spill_max_reprefill_s
+            )
         else:
             factor, slack_s = self.spill_factor_new, self.spill_slack_new_s
         if sub is not None and (stay or sub_t <= factor * best_t + slack_s):

@@ -305,6 +305,25 @@ class TtftEstimate(StageBase):
             return med / (rate * cap) if med else 0.0
         return 1.0 / (spt * rate)
 
+    def reprefill_s(self, request: RequestInfo, replica: ReplicaSnapshot, tokens: float) -> float:
+        """Seconds of prefill that ``tokens`` cached prompt tokens save on ``replica``, as this estimate reads
+        its rate (configured, else its pooled learned rate on the estimate's scale, else the MU rate): the
+        work a move of that context to (or from) it adds. The pool is the one of the last pick."""
+        inp = request.input_tokens
+        if tokens <= 0 or inp <= 0:
+            return 0.0
+        full = self.prefill_mu(request)
+        spt = full / inp
+        save = full * (1.0 - self.cache_discount) / inp * (tokens if tokens < inp else inp)
+        cap = replica.capacity_mu_per_min / 60.0
+        if cap <= 0.0:
+            cap = 1e-9
+        if self.prefill_tps:
+            spm = 1.0 / (spt * self.prefill_tps) if spt > 0 else 0.0
+        else:
+            spm = self.sec_per_mu(self.learned_rate(replica), spt, cap)
+        return save * spm if spm else save / cap
+
     def prefill_s(self, request: RequestInfo, pre_mu: float, cap: float, tps: float | None = None) -> float:
         """Seconds of prefill for ``pre_mu`` (engine rate ``tps`` or the configured one, else the MU rate)."""
         if tps is None:
