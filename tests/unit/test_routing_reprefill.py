@@ -67,22 +67,31 @@ def test_guard_exemption_in_reprefill_seconds(
     assert (d.replica == "r0") is stays
 
 
-def test_exempt_tokens_in_seconds_go_to_the_one_deepest_holder() -> None:
+def test_exempt_tokens_count_the_blocks_beyond_the_deepest_replica_under_the_bound() -> None:
+    """The exemption's tokens: those beyond what the deepest candidate under the bound holds (where the
+    request can go instead), enough to take ``guard_exempt_s`` to prefill again."""
     p = policy(guard_exempt_s=1.0)
+    loaded_holder(p, 30)  # r0 over the bound, r1-r3 under it
     reps = [ReplicaSnapshot(f"r{i}") for i in range(4)]
-    r = request(1, range(1, 41))
-    one_s = p.estimate.reprefill_s(r, reps[0], 30 * 512)
-    assert one_s == pytest.approx(30 * 512 * PROFILE.alpha * (1 - PROFILE.cache_discount) / (100 / 60))
+    r = request(2, range(1, 41))
+    per_token = PROFILE.alpha * (1 - PROFILE.cache_discount) / (100 / 60)  # no learned rate: the MU rate
+    assert p.estimate.reprefill_s(r, reps[0], 30 * 512) == pytest.approx(30 * 512 * per_token)
+    own = p.estimate.prefill_mu(r)
+    k, mean, lim, _, slack = p.guard.limits(own, 4, 0.0)
+    bounds = (k, mean, lim, slack, own)
     guard = p.guard
-    # r0 holds 30 blocks, r1 the 4-block system prompt: r0 alone has 26 blocks (1.13 s) to lose
-    assert guard.exempt_tokens(r, False, {"r0": 30, "r1": 4}, reps) == 30 * 512
-    # r1 holds 10 blocks: r0 alone has 20 (0.87 s), under the bound: nobody is exempt
-    assert guard.exempt_tokens(r, False, {"r0": 30, "r1": 10}, reps) == float("inf")
-    # two replicas hold the whole context: a move between them is free
-    assert guard.exempt_tokens(r, False, {"r0": 30, "r1": 30}, reps) == float("inf")
+    one_s = 1.0 / per_token  # about 11.8k tokens
+    # r1 (under the bound) holds a 4-block system prompt: r0's 26 blocks beyond it take 1.13 s
+    got = guard.exempt_tokens(r, False, {"r0": 30, "r1": 4}, reps, bounds)
+    assert got == pytest.approx(4 * 512 + one_s)
+    assert got <= 30 * 512
+    # r1 holds 10 blocks: r0's 20 beyond them take 0.87 s, under `guard_exempt_s`
+    assert guard.exempt_tokens(r, False, {"r0": 30, "r1": 10}, reps, bounds) > 30 * 512
+    # r1 holds as much as r0: a move costs nothing, nobody over the bound is deeper
+    assert guard.exempt_tokens(r, False, {"r0": 30, "r1": 30}, reps, bounds) == float("inf")
     # a hot key gets no exemption; a holder that is not a candidate does not count
-    assert guard.exempt_tokens(r, True, {"r0": 30}, reps) == float("inf")
-    assert guard.exempt_tokens(r, False, {"r0": 30, "r9": 30}, reps) == 30 * 512
+    assert guard.exempt_tokens(r, True, {"r0": 30}, reps, bounds) == float("inf")
+    assert guard.exempt_tokens(r, False, {"r0": 30, "r9": 30}, reps, bounds) == pytest.approx(one_s)
     # without the option: the share of the prompt
     assert policy().guard.exempt_tokens(r, False, {"r0": 30}, reps) == pytest.approx(0.8 * 40 * 512)
 

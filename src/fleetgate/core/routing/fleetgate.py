@@ -268,7 +268,8 @@ class FleetgatePolicy(PolicyBase):
         pool = est.pool  # learned rates shrunk toward the deployment's median (over every candidate)
         if pool is not None:
             pool.update(cands)
-        exempt_tokens = guard.exempt_tokens(request, hot, depths, cands)  # (the s rule reads the pool)
+        # (after the pool's update: the seconds rule reads it)
+        exempt_tokens = guard.exempt_tokens(request, hot, depths, cands, (k, mean, rel_lim, slack, own))
         sticky = self.picker.sticky_cache
         skipped = 0
         lim = self.scan_limit

@@ -9,12 +9,12 @@ cache hit costs more than a little imbalance, but not without limit); hot keys g
 within ``guard_min_util`` of its MU rate of the mean is never dropped. If the guard would drop every
 candidate (a huge request) it keeps them all.
 
-With ``guard_exempt_s`` the exemption is in seconds of re-prefill instead of a share of the prompt: the one
-candidate holding more of the prompt than any other gets the cached bound when the blocks only it holds
-would take at least ``guard_exempt_s`` seconds to prefill again (at its rate as the TTFT estimate reads it:
-configured, else its pooled learned rate, else the MU rate), i.e. when moving the request off it adds that
-much work. A session is then moved while its context is small, and kept (up to the cached bound) once its
-context is large; replicas tied for the deepest match get no exemption (a move between them is free).
+With ``guard_exempt_s`` the exemption is in seconds of re-prefill instead of a share of the prompt: a
+replica over the bound gets the cached bound when the blocks it holds beyond the deepest candidate under the
+bound (where the request can go instead) would take at least ``guard_exempt_s`` seconds to prefill again (at
+the rate of the deepest holder over the bound as the TTFT estimate reads it: configured, else its pooled
+learned rate, else the MU rate), i.e. when moving the request off it adds that much work. A session is then
+moved while its context is small, and kept (up to the cached bound) once its context is large.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ class LoadGuardParams(PluginParams):
     guard_exempt_s: float | None = Field(
         default=None,
         ge=0,
-        description="Exemption in re-prefill seconds instead of `guard_exempt_ratio` (none: the ratio): the "
-        "deepest cache holder gets the cached bound when the prompt blocks only it holds would take this "
-        "many seconds to prefill again (at its learned rate as the TTFT estimate reads it).",
+        description="Exemption in re-prefill seconds instead of `guard_exempt_ratio` (none: the ratio): a "
+        "replica gets the cached bound when the prompt blocks it holds beyond the deepest replica under the "
+        "bound would take this many seconds to prefill again (at the learned rate the TTFT estimate uses).",
     )
 
 
@@ -100,10 +100,13 @@ class LoadGuard(StageBase):
         hot: bool,
         depths: Mapping[str, int] | None = None,
         candidates: Sequence[ReplicaSnapshot] = (),
+        bounds: tuple[float, float, float, float, float] = (0.0, 0.0, _INF, 0.0, 0.0),
     ) -> float:
         """Cached prompt tokens from which a replica gets the cached bound (none for a hot key). With
-        ``guard_exempt_s``: the deepest holder's tokens among ``candidates`` (expected cached blocks
-        ``depths``) when the blocks only it holds take that long to re-prefill, else none."""
+        ``guard_exempt_s``: from the depths (``depths``, expected cached blocks) of the ``candidates`` and
+        ``bounds`` = ``(k, mean, limit, slack, own)`` of ``limits``, the tokens beyond the deepest candidate
+        under the bound (where the request can go) that take ``guard_exempt_s`` to prefill again at the rate
+        of the deepest holder over the bound; none when no holder over the bound is deeper."""
         inp = request.input_tokens
         if inp <= 0 or hot:
             return _INF
@@ -111,21 +114,32 @@ class LoadGuard(StageBase):
             return self.guard_exempt_ratio * inp
         if not depths:
             return _INF
-        top = second = 0
-        holder: ReplicaSnapshot | None = None
+        k, mean, lim, slack, own = bounds
+        reps = self.loads.reps
         get = depths.get
+        alt = top = 0
+        holder: ReplicaSnapshot | None = None
         for r in candidates:
             d = get(r.name, 0)
-            if d > top:
-                top, second, holder = d, top, r
-            elif d > second:
-                second = d
-        if holder is None or top == second:
+            if d <= alt and d <= top:
+                continue
+            st = reps.get(r.name)
+            v = 0.0 if st is None else st[0] * k
+            cap = r.capacity_mu_per_min / 60.0
+            if cap <= 0.0:
+                cap = 1e-9
+            if v > lim and v + own - mean > slack * cap:
+                if d > top:
+                    top, holder = d, r
+            elif d > alt:
+                alt = d
+        if holder is None or top <= alt:
             return _INF
         bt = request.prefix_block_tokens
-        if self.estimate.reprefill_s(request, holder, (top - second) * bt) < self.guard_exempt_s:
+        per_token = self.estimate.reprefill_s(request, holder, bt) / bt if bt > 0 else 0.0
+        if per_token <= 0.0:
             return _INF
-        return float(top * bt)
+        return alt * bt + self.guard_exempt_s / per_token
 
     def filter(
         self, request: RequestInfo, candidates: list[ReplicaSnapshot], ctx: PickContext
@@ -133,7 +147,7 @@ class LoadGuard(StageBase):
         own = request.cost_mu if request.cost_mu > 0 else self.estimate.prefill_mu(request)
         k, mean, lim, lim_cached, slack = self.limits(own, len(candidates), ctx.now)
         depths, _ = self.estimate.depths(request)
-        exempt = self.exempt_tokens(request, False, depths, candidates)
+        exempt = self.exempt_tokens(request, False, depths, candidates, (k, mean, lim, slack, own))
         bt = request.prefix_block_tokens
         reps = self.loads.reps
         out = []
