@@ -7,15 +7,27 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RUNS = ["router_compare_s11_llama_mc10", "router_compare_s10_aglive_l1", "router_compare_s10_aglive_l2",
-        "router_compare_llama_s7_mooncake_x1", "router_compare_llama_s7_mooncake_x1.5",
-        "router_compare_llama_s7_azure_x1", "router_compare_llama_s7_azure_x2", "mc13"]
+RUNS = [
+    "router_compare_s11_llama_mc10",
+    "router_compare_s10_aglive_l1",
+    "router_compare_s10_aglive_l2",
+    "router_compare_llama_s7_mooncake_x1",
+    "router_compare_llama_s7_mooncake_x1.5",
+    "router_compare_llama_s7_azure_x1",
+    "router_compare_llama_s7_azure_x2",
+    "mc13",
+]
 
 
 def rows(tag, run):
     for line in (HERE / f"pred_{tag}_{run}.txt").read_text().splitlines():
         c = [x.strip() for x in line.strip().strip("|").split("|")]
-        if len(c) == 11 and c[1] in ("p50", "p95", "p99", "hit") and c[5] != "-" and c[6] != "live fleetgate/other":
+        if (
+            len(c) == 11
+            and c[1] in ("p50", "p95", "p99", "hit")
+            and c[5] != "-"
+            and c[6] != "live fleetgate/other"
+        ):
             yield c
 
 
@@ -36,7 +48,9 @@ def main():
                 table.setdefault((run, other), {})[tag] = (float(c[6]), float(c[7]), c[8])
             for (_, fig), (lv, sv) in figs.items():
                 absolute[tag][fig].append(abs(sv / lv - 1))
-    print("| live run | other | live p95 ratio | " + " | ".join(f"{t}: predicted (error)" for t in tags) + " |")
+    print(
+        "| live run | other | live p95 ratio | " + " | ".join(f"{t}: predicted (error)" for t in tags) + " |"
+    )
     print("|---|---|---|" + "---|" * len(tags))
     held = dict.fromkeys(tags, 0)
     errs = {t: [] for t in tags}
@@ -53,9 +67,11 @@ def main():
     print()
     for t in tags:
         a = absolute[t]
-        print(f"{t}: p95 ratio within 15%: {held[t]} of {len(errs[t])}; median |ratio error| "
-              f"{statistics.median(errs[t]):.1%}; absolute |sim/live - 1| over contenders: "
-              f"p50 median {statistics.median(a['p50']):.1%}, p95 median {statistics.median(a['p95']):.1%}")
+        print(
+            f"{t}: p95 ratio within 15%: {held[t]} of {len(errs[t])}; median |ratio error| "
+            f"{statistics.median(errs[t]):.1%}; absolute |sim/live - 1| over contenders: "
+            f"p50 median {statistics.median(a['p50']):.1%}, p95 median {statistics.median(a['p95']):.1%}"
+        )
 
 
 main()
