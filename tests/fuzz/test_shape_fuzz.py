@@ -3,7 +3,10 @@
 Hypothesis draws how many messages, how many content parts, how deep a nesting and how long one text a
 chat body has, each up to what the fuzz gateway's 1 MiB body limit holds (about 35,000 tiny messages or
 parts, 500,000 levels of nesting). Every answer must be below 500, and a ``/healthz`` probe sent every
-10 ms during the request must never wait 100 ms (issue 22: one request used to hold the loop for seconds).
+10 ms during the request must never wait 100 ms behind the gateway's own CPU work (issue 22: one request
+used to hold the loop for seconds), nor 1 s for any reason. The 100 ms are counted on the gateway's CPU time
+(``LoopProbe.worst_blocked_s``), not the wall clock: on a 2-core CI machine at load 10-16 a probe waited 188
+ms with nothing blocking the loop, while the OS ran other processes.
 CI: 25 cases; ``FLEETGATE_SHAPE_FUZZ_EXAMPLES`` sets the count.
 """
 
@@ -54,7 +57,7 @@ SHAPES = st.one_of(
 @given(body=SHAPES)
 def test_body_shapes_never_5xx_nor_block_the_loop(open_gateway: Any, body: bytes) -> None:
     url = open_gateway.url
-    with LoopProbe(url) as probe:
+    with LoopProbe(url, pid=open_gateway.pid) as probe:
         r = httpx.post(
             url + "/v1/chat/completions",
             content=body,
@@ -64,6 +67,6 @@ def test_body_shapes_never_5xx_nor_block_the_loop(open_gateway: Any, body: bytes
     assert r.status_code < 500, (len(body), r.text[:300])
     assert r.headers["content-type"].startswith("application/json")
     assert not probe.errors, probe.errors
-    assert probe.worst_s < 0.1, (
-        f"/healthz waited {probe.worst_s * 1000:.0f} ms during a {len(body)}-byte body"
-    )
+    blocked, wall = probe.worst_blocked_s, probe.worst_s
+    assert blocked < 0.1, f"/healthz waited {blocked * 1000:.0f} ms on gateway CPU, {len(body)}-byte body"
+    assert wall < 1.0, f"/healthz waited {wall * 1000:.0f} ms during a {len(body)}-byte body"
