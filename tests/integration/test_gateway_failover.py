@@ -90,6 +90,46 @@ async def _until_streaming(urls: list[str], each: int, timeout_s: float = 30.0) 
             await asyncio.sleep(0.05)
 
 
+#: How much slower the simulated engines run while a test's requests start (``slow`` fault): a 200-token
+#: answer lasts ~0.9 s at full speed, so on a loaded CI machine (load 10-16) a fault injected after polling
+#: the engines could land before the gateway had any byte of it, or after it ended (CI: 0 of 2 continued).
+#: At 20x a token takes ~90 ms: the answers are still near their start when the fault lands.
+SLOW = 20
+
+
+async def _set_fault(client: httpx.AsyncClient, url: str, kind: str, value: float | None = None) -> None:
+    body: dict[str, Any] = {"kind": kind} if value is None else {"kind": kind, "value": value}
+    r = await client.post(url + "/admin/fault", json=body)
+    assert r.status_code == 200, r.text
+
+
+async def _engine_stats(client: httpx.AsyncClient, url: str) -> tuple[int, int]:
+    """(requests in the engine's running batch, tokens it generated so far): its own ``/admin/stats``."""
+    engine = (await client.get(url + "/admin/stats")).json()["engine"]
+    return int(engine["num_running"]), int(engine["generation_tokens"])
+
+
+async def _until_generating(urls: list[str], each: int, tokens: int = 5, timeout_s: float = 60.0) -> None:
+    """Wait until every engine runs ``each`` requests in its batch, then until each of those requests has
+    had ``tokens`` more (``each * tokens`` more on the engine's own count: one per running request per
+    step), so every first token was sent some steps ago and has reached the gateway. Meant for engines
+    slowed by ``SLOW`` (then the wait ends well before the answers do)."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        deadline = time.monotonic() + timeout_s
+        start: dict[str, int] = {}  # engine -> its token count when it first ran ``each``
+        done: set[str] = set()
+        while len(done) < len(urls):
+            assert time.monotonic() < deadline, f"requests not running on every engine: {start}, {done}"
+            await asyncio.sleep(0.05)
+            for u in set(urls) - done:
+                running, generated = await _engine_stats(client, u)
+                if u not in start:
+                    if running >= each:
+                        start[u] = generated
+                elif generated - start[u] >= each * tokens:
+                    done.add(u)
+
+
 async def _run(url: str, n: int, tokens: int = TOKENS) -> list[dict[str, Any]]:
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
 
@@ -286,14 +326,19 @@ def test_non_stream_request_continued_mid_generation_with_failover_non_stream(
 
     async def run(crash: bool) -> list[dict[str, Any]]:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
+            if crash:  # the engines run SLOW times slower until the crash (see SLOW)
+                async with httpx.AsyncClient(timeout=10) as c:
+                    for e in engines:
+                        await _set_fault(c, e.url, "slow", SLOW)
             tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=b)) for b in bodies]
             if crash:
-                await _until_streaming([e.url for e in engines], each=2)  # round robin: 2 on each
-                async with httpx.AsyncClient(timeout=5) as c:
+                await _until_generating([e.url for e in engines], each=2)  # round robin: 2 on each
+                async with httpx.AsyncClient(timeout=10) as c:
                     try:
                         await c.post(engines[0].url + "/admin/fault", json={"kind": "crash", "value": 0.01})
                     except httpx.HTTPError:
                         pass
+                    await _set_fault(c, engines[1].url, "none")  # the continuations run at full speed
             out = []
             for t in tasks:
                 r = await t

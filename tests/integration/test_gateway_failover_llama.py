@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from test_gateway_failover import _read
+from test_gateway_failover import SLOW, _metric, _read, _set_fault
 
 from failover_text import splice
 from fleetgate.core.tokenize import count_tokens, render_chat_prompt
@@ -107,12 +107,22 @@ def test_llama_replica_crash_and_sim_stall_mid_stream_are_continued(
                 assert r.status_code == 200, r.text
                 return _read(r.content)
 
+            # The simulated engines run SLOW times slower until every stream on them has sent its first
+            # bytes through the gateway (its own first-token count per replica): at full speed a 200-token
+            # stream lasts ~0.9 s, and on a loaded CI machine (load 10-16) the stall found most of them not
+            # started yet or already ended (4 continuations of the 10 wanted).
+            async with httpx.AsyncClient(timeout=10) as c:
+                for e in sims:
+                    await _set_fault(c, e.url, "slow", SLOW)
             tasks = [asyncio.create_task(one(b)) for b in bodies]
+            each = STREAMS // len(replicas)  # round robin
+            await _until_first_bytes(gateway.url, {"r1": each, "r2": each})
             await _wait_busy(llama.url)
-            await asyncio.sleep(0.1)
+            await _until_first_bytes(gateway.url, {"r0": 1})  # a llama.cpp stream is under way too
             llama.kill()  # SIGKILL mid-stream
-            async with httpx.AsyncClient(timeout=5) as c:
-                await c.post(sims[0].url + "/admin/fault", json={"kind": "stall", "value": 0})
+            async with httpx.AsyncClient(timeout=10) as c:  # at once: the stall also ends sims[0]'s slowdown
+                await _set_fault(c, sims[0].url, "stall", 0)
+                await _set_fault(c, sims[1].url, "none")
             return await asyncio.gather(*tasks)
 
     t0 = time.monotonic()
@@ -152,6 +162,23 @@ def test_llama_replica_crash_and_sim_stall_mid_stream_are_continued(
     assert any(
         k.startswith("llama+") for k in kinds
     )  # streams of the killed llama.cpp replica went on elsewhere
+
+
+async def _until_first_bytes(url: str, want: dict[str, int], timeout_s: float = 60.0) -> None:
+    """Until the gateway at ``url`` has relayed the first bytes of ``want[name]`` streams from each replica
+    (``fleetgate_time_to_first_token_seconds_count``, counted as the first bytes go to the client)."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=10) as c:
+        while True:
+            text = (await c.get(url + "/metrics")).text
+            got = {
+                name: _metric(text, "fleetgate_time_to_first_token_seconds_count", replica=name)
+                for name in want
+            }
+            if all(got[name] >= n for name, n in want.items()):
+                return
+            assert time.monotonic() < deadline, f"first bytes from the replicas: {got}, wanted {want}"
+            await asyncio.sleep(0.05)
 
 
 async def _wait_busy(url: str, limit_s: float = 10.0) -> None:
