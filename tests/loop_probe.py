@@ -5,11 +5,11 @@ connection while a test attacks, and records how long each answer took.
 blocks the loop (parsing, hashing, decoding on the loop thread) shows up here as a slow probe.
 
 On a loaded machine a probe also waits while the OS runs other processes instead of the gateway (CI at load
-10-16: 188 ms with nothing blocking the loop). So, given the gateway's ``pid``, each probe also records the
-CPU time the gateway process (all its threads: a thread holding the interpreter lock blocks the loop too)
-used while that probe waited; ``worst_blocked_s`` is the largest ``min(wait, that CPU time)``. A loop
-blocked by the gateway's own work for X seconds makes that at least X however busy the machine is; a
-gateway descheduled by the OS uses no CPU meanwhile and adds nothing to it.
+10-16: a 188 ms wait in the shape fuzz test, whose bound is 100 ms; quiet runs pass). So, given the
+gateway's ``pid``, each probe also records the CPU time the gateway process (all its threads: a thread
+holding the interpreter lock blocks the loop too) used while that probe waited; ``worst_blocked_s`` is the
+largest ``min(wait, that CPU time)``. A loop blocked by the gateway's own work for X seconds makes that at
+least X however busy the machine is; a gateway the OS has descheduled uses no CPU meanwhile.
 """
 
 from __future__ import annotations
