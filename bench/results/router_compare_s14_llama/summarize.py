@@ -30,8 +30,10 @@ def predicted(tag: str) -> dict[tuple[str, str], float]:
 
 preds = {t: predicted(t) for t in tags}
 paired = live["paired"]
-print(f"live {sys.argv[1]} ({live['meta']['date_utc']}, load {live['meta']['load_avg_at_start']:.1f} -> "
-      f"{live['meta']['load_avg_at_end']:.1f})")
+print(
+    f"live {sys.argv[1]} ({live['meta']['date_utc']}, load {live['meta']['load_avg_at_start']:.1f} -> "
+    f"{live['meta']['load_avg_at_end']:.1f})"
+)
 print("| other | figure | live | " + " | ".join(tags) + " |")
 print("|---|---|---|" + "---|" * len(tags))
 held = {t: 0 for t in tags}
@@ -61,6 +63,8 @@ for i, b in enumerate(live["blocks"]):
     ms = 1e3 * sum(e["prompt_seconds_total"] for e in ep) / ev if ev else float("nan")
     c = b["cpu_shares"]
     la = b["load_avg_1min"]
-    print(f"| {i} | {b['contender']} | {b['start_utc']} | {ms:.3f} | {b['ttft_s']['p95']:.2f} | "
-          f"{b['prefix_cache_hit_rate']:.3f} | {c['user']:.2f} / {c['nice']:.2f} / {c['idle']:.2f} | "
-          f"{la[0]:.1f}->{la[1]:.1f} |")
+    print(
+        f"| {i} | {b['contender']} | {b['start_utc']} | {ms:.3f} | {b['ttft_s']['p95']:.2f} | "
+        f"{b['prefix_cache_hit_rate']:.3f} | {c['user']:.2f} / {c['nice']:.2f} / {c['idle']:.2f} | "
+        f"{la[0]:.1f}->{la[1]:.1f} |"
+    )
