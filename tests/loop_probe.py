@@ -99,6 +99,16 @@ class LoopProbe:
         assert self.pid is not None, "LoopProbe(pid=...) measures the gateway's CPU time"
         return max((min(w, c) for w, c in zip(self.latencies, self.cpu, strict=True)), default=0.0)
 
+    def check(self, bound_s: float, what: str) -> None:
+        """No probe errors; no ``/healthz`` waited ``bound_s`` behind the gateway's own CPU work
+        (``worst_blocked_s``: the OS running other processes does not count), nor 1 s of wall time for
+        any reason (a stall that uses no CPU)."""
+        assert not self.errors, self.errors
+        blocked, wall = self.worst_blocked_s, self.worst_s
+        print(f"/healthz {what}: worst {blocked * 1000:.1f} ms on gateway CPU, {wall * 1000:.1f} ms wall")
+        assert blocked < bound_s, f"/healthz waited {blocked * 1000:.0f} ms on the gateway's CPU work {what}"
+        assert wall < 1.0, f"/healthz waited {wall * 1000:.0f} ms {what}"
+
     def _cpu(self) -> float:
         return thread_cpu_s(self.pid) if self.pid is not None else 0.0
 

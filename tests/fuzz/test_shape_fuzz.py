@@ -66,8 +66,4 @@ def test_body_shapes_never_5xx_nor_block_the_loop(open_gateway: Any, body: bytes
         )
     assert r.status_code < 500, (len(body), r.text[:300])
     assert r.headers["content-type"].startswith("application/json")
-    assert not probe.errors, probe.errors
-    blocked, wall = probe.worst_blocked_s, probe.worst_s
-    print(f"{len(body)} B: /healthz worst {blocked * 1000:.1f} ms on gateway CPU, {wall * 1000:.1f} ms wall")
-    assert blocked < 0.1, f"/healthz waited {blocked * 1000:.0f} ms on gateway CPU, {len(body)}-byte body"
-    assert wall < 1.0, f"/healthz waited {wall * 1000:.0f} ms during a {len(body)}-byte body"
+    probe.check(0.1, f"during a {len(body)}-byte body")

@@ -94,6 +94,19 @@ class LoadGuard(StageBase):
             self.guard_min_util * horizon,
         )
 
+    def over_load(
+        self, r: ReplicaSnapshot, k: float, mean: float, lim: float, slack: float, own: float
+    ) -> float | None:
+        """Replica ``r``'s load (MU over the last ``tau``) when it is over the plain bound of ``limits``
+        (``lim``, and more than ``slack`` of its MU rate over the mean with this request's ``own`` cost);
+        None when it is not."""
+        st = self.loads.reps.get(r.name)
+        v = 0.0 if st is None else st[0] * k
+        cap = r.capacity_mu_per_min / 60.0
+        if cap <= 0.0:
+            cap = 1e-9
+        return v if v > lim and v + own - mean > slack * cap else None
+
     def exempt_tokens(
         self,
         request: RequestInfo,
@@ -115,7 +128,6 @@ class LoadGuard(StageBase):
         if not depths:
             return _INF
         k, mean, lim, slack, own = bounds
-        reps = self.loads.reps
         get = depths.get
         alt = top = 0
         holder: ReplicaSnapshot | None = None
@@ -123,12 +135,7 @@ class LoadGuard(StageBase):
             d = get(r.name, 0)
             if d <= alt and d <= top:
                 continue
-            st = reps.get(r.name)
-            v = 0.0 if st is None else st[0] * k
-            cap = r.capacity_mu_per_min / 60.0
-            if cap <= 0.0:
-                cap = 1e-9
-            if v > lim and v + own - mean > slack * cap:
+            if self.over_load(r, k, mean, lim, slack, own) is not None:
                 if d > top:
                     top, holder = d, r
             elif d > alt:
@@ -149,16 +156,11 @@ class LoadGuard(StageBase):
         depths, _ = self.estimate.depths(request)
         exempt = self.exempt_tokens(request, False, depths, candidates, (k, mean, lim, slack, own))
         bt = request.prefix_block_tokens
-        reps = self.loads.reps
         out = []
         for r in candidates:
-            st = reps.get(r.name)
-            v = 0.0 if st is None else st[0] * k
-            cap = r.capacity_mu_per_min / 60.0
-            if cap <= 0.0:
-                cap = 1e-9
+            v = self.over_load(r, k, mean, lim, slack, own)
             d = depths.get(r.name, 0) if depths else 0
-            if v > lim and v + own - mean > slack * cap and (d * bt < exempt or v > lim_cached):
+            if v is not None and (d * bt < exempt or v > lim_cached):
                 continue
             out.append(r)
         self.skips += len(candidates) - len(out)

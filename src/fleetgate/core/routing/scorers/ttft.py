@@ -313,15 +313,13 @@ class TtftEstimate(StageBase):
         if tokens <= 0 or inp <= 0:
             return 0.0
         full = self.prefill_mu(request)
-        spt = full / inp
         save = full * (1.0 - self.cache_discount) / inp * (tokens if tokens < inp else inp)
         cap = replica.capacity_mu_per_min / 60.0
         if cap <= 0.0:
             cap = 1e-9
         if self.prefill_tps:
-            spm = 1.0 / (spt * self.prefill_tps) if spt > 0 else 0.0
-        else:
-            spm = self.sec_per_mu(self.learned_rate(replica), spt, cap)
+            return self.prefill_s(request, save, cap)
+        spm = self.sec_per_mu(self.learned_rate(replica), full / inp, cap)
         return save * spm if spm else save / cap
 
     def prefill_s(self, request: RequestInfo, pre_mu: float, cap: float, tps: float | None = None) -> float:
