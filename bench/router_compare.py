@@ -55,6 +55,7 @@ from live_procs import Proc, free_port, spawn, stop_all, wait_http, wait_ready_l
 from llama_fleet import LLAMA_MODEL, LlamaFleet, llama_cache_counters, probe_llama_prefill, start_llama
 from router_repeats import GatewayWatch, block_record, cpu_shares, cpu_times, schedule, summarize
 from router_repeats import markdown as repeats_markdown
+from vllm_fleet import VLLM_MODEL, VllmFleet, start_vllm
 
 from fleetgate.bench.prompts import PromptSynth
 from fleetgate.bench.replay import PlannedRequest, ReplayOptions, plan_requests, run_replay
@@ -152,15 +153,16 @@ class Setup:
     engine_cpus: set[int] | None
     router_cpus: set[int] | None
     policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    engine: str = "sim"  # "sim" (fleetgate engine sim) or "llama" (llama-server, tiny model)
+    engine: str = "sim"  # "sim" (fleetgate engine sim), "llama" (llama-server) or "vllm" (vLLM CPU)
     llama: LlamaFleet = field(default_factory=LlamaFleet)
+    vllm: VllmFleet = field(default_factory=VllmFleet)
     speed_noise: float = 0.0  # sim engines: log-sd of each replica's speed, redrawn every speed_period_s
     speed_period_s: float = 10.0
     speed_seed: int = 0
 
     @property
     def model(self) -> str:
-        return LLAMA_MODEL if self.engine == "llama" else MODEL
+        return {"llama": LLAMA_MODEL, "vllm": VLLM_MODEL}.get(self.engine, MODEL)
 
     def speed_variation(self) -> SpeedVariation:
         return SpeedVariation(noise=self.speed_noise, period_s=self.speed_period_s, seed=self.speed_seed)
@@ -169,6 +171,8 @@ class Setup:
 def start_engines(setup: Setup, tag: str) -> list[Proc]:
     if setup.engine == "llama":
         return start_llama(setup.llama, setup.replicas, setup.logdir, tag, setup.engine_cpus)
+    if setup.engine == "vllm":
+        return start_vllm(setup.vllm, setup.replicas, setup.logdir, tag)
     procs = [
         spawn(
             f"{tag}-engine{i}",
@@ -204,8 +208,8 @@ def start_router(
             "routing": {"policy": name, "params": params},
             "replicas": [{"name": f"r{i}", "url": u} for i, u in enumerate(urls)],
         }
-        if setup.engine == "llama":
-            deployment["engine"] = "llamacpp"
+        if setup.engine in ("llama", "vllm"):
+            deployment["engine"] = "llamacpp" if setup.engine == "llama" else "vllm"
         cfg = {"gateway": {"host": "127.0.0.1", "port": 0}, "deployments": [deployment]}
         path = setup.logdir / f"{tag}-gateway.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -558,9 +562,18 @@ def main() -> None:
     ap.add_argument("--workload-seed", type=int, default=0, help="The generator's seed.")
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument(
-        "--engine", choices=("sim", "llama"), default="sim",
-        help="sim: fleetgate's simulated engine (ENGINE_PROFILE); llama: llama-server with the tiny model.",
+        "--engine", choices=("sim", "llama", "vllm"), default="sim",
+        help="sim: fleetgate's simulated engine (ENGINE_PROFILE); llama: llama-server with the tiny model; "
+        "vllm: vLLM's CPU build with the tiny model (vllm_fleet.py, one CPU per replica).",
     )  # fmt: skip
+    vf = VllmFleet()
+    ap.add_argument("--vllm-max-num-seqs", type=int, default=vf.max_num_seqs, help="vLLM --max-num-seqs")
+    ap.add_argument(
+        "--vllm-max-num-batched-tokens", type=int, default=vf.max_num_batched_tokens,
+        help="vLLM --max-num-batched-tokens",
+    )  # fmt: skip
+    ap.add_argument("--vllm-kv-blocks", type=int, default=vf.kv_blocks, help="KV blocks per vLLM replica")
+    ap.add_argument("--vllm-block-size", type=int, default=vf.block_size, help="vLLM --block-size")
     lf = LlamaFleet()
     ap.add_argument("--llama-parallel", type=int, default=lf.parallel, help="llama-server --parallel")
     ap.add_argument("--llama-ctx-size", type=int, default=lf.ctx_size, help="llama-server --ctx-size")
@@ -664,14 +677,21 @@ def main() -> None:
             cache_reuse=args.llama_cache_reuse,
             slot_prompt_similarity=args.llama_slot_similarity,
         ),
+        vllm=VllmFleet(
+            max_num_seqs=args.vllm_max_num_seqs,
+            max_num_batched_tokens=args.vllm_max_num_batched_tokens,
+            block_size=args.vllm_block_size,
+            kv_blocks=args.vllm_kv_blocks,
+        ),
         speed_noise=args.speed_noise,
         speed_period_s=args.speed_period,
         speed_seed=args.seed,
     )
-    if args.engine == "llama":
+    if args.engine in ("llama", "vllm"):
         # What an operator knows from the flags: the cache size. The prefill rate is learned online.
         if not args.no_engine_facts:
-            facts = {"cache_tokens_per_replica": setup.llama.cache_tokens()}
+            fleet = setup.llama if args.engine == "llama" else setup.vllm
+            facts = {"cache_tokens_per_replica": fleet.cache_tokens()}
             setup.policy_params["fleetgate"] = {**facts, **setup.policy_params.get("fleetgate", {})}
     elif not args.no_engine_facts:
         facts = engine_facts(args.engine_time_scale, perf_map)
@@ -713,6 +733,7 @@ def main() -> None:
             "load_avg_at_end": os.getloadavg()[0],
             "engine": args.engine,
             "llama": asdict(setup.llama) if args.engine == "llama" else None,
+            "vllm": asdict(setup.vllm) if args.engine == "vllm" else None,
             "llama_server": str(default_binary()) if args.engine == "llama" else None,
             "command": " ".join(sys.argv),
             "trace": str(args.trace) if not args.workload else None,

@@ -14,6 +14,7 @@ from fleetgate.bench.replay import (
     ReplayOptions,
     RequestResult,
     Sample,
+    _has_token,
     _histogram_quantile,
     load_windows,
     plan_requests,
@@ -176,3 +177,12 @@ def test_histogram_quantile() -> None:
     assert _histogram_quantile(parsed, "x", 0.5) == pytest.approx(0.002)
     assert _histogram_quantile(parsed, "x", 0.75) == pytest.approx(0.003)
     assert _histogram_quantile({}, "x", 0.5) is None
+
+
+def test_a_finishing_chunk_shows_the_first_token_even_with_an_empty_delta() -> None:
+    # vLLM ends a one-token answer whose text it holds back (a byte-level token) with an empty delta and
+    # finish_reason "length": that token was generated, so the replay's TTFT is that chunk's arrival
+    assert _has_token({"index": 0, "delta": {"content": ""}, "finish_reason": "length"})
+    assert not _has_token({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+    assert _has_token({"index": 0, "delta": {"content": " ran"}, "finish_reason": None})
+    assert _has_token({"index": 0, "text": "x"})
