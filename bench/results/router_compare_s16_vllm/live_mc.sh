@@ -6,7 +6,7 @@ set -u
 cd "$(dirname "$0")/../../.."
 export PYTHONPATH=$PWD/src FLEETGATE_TRACES_DIR=/work/shared/traces
 R=bench/results/router_compare_s16_vllm; seed=${1:-1}
-CONT=fleetgate:fleetgate,fleetgate:cache_aware,fleetgate:least_requests,sglang-router:cache_aware,vllm-router:cache_aware
+CONT=${CONT:-fleetgate:fleetgate,fleetgate:cache_aware,fleetgate:least_requests,sglang-router:cache_aware,vllm-router:cache_aware}
 timeout 1500 .venv/bin/python bench/router_compare.py --engine vllm --replicas 2 --repeats 2 --seed $seed \
   --trace /work/shared/traces/mooncake/conversation_trace.jsonl --requests 200 --tokens-scale 0.0078125 \
   --rate-scale 1.5 --no-calibrate --overhead-requests 0 \
