@@ -21,6 +21,8 @@ similarity and prompt cache as a deployment sets them), reads the hit rate from 
 counters and skips the overhead phase; ``--probe-prefill`` only measures one replica's prefill cost for
 ``router_compare_sim.py``'s engine model. ``fleetgate:policy@variant`` runs ``policy`` with
 ``--policy-params``' ``variant`` entry on top (e.g. the default with ``{"nogate": {"gate": "off"}}``).
+``--engine vllm`` runs vLLM CPU replicas of the tiny model (``vllm_fleet.py``: ``make vllm-cpu``, one CPU per
+replica, prefix caching, KV bounded in blocks), with the hit rate from their ``vllm:prefix_cache_*`` counters.
 
     .venv/bin/python bench/router_compare.py --engine llama --replicas 3 --requests 500 \
         --tokens-scale 0.0078125 --rate-scale 1.5 --calibration-steps 0 --only fleetgate:fleetgate,...
