@@ -138,6 +138,7 @@ def engine_facts(time_scale: float, perf_map: dict[str, Any] | None = None) -> d
     return facts
 
 
+REAL_ENGINE_KINDS = {"llama": "llamacpp", "vllm": "vllm"}  # --engine -> the gateway's deployments[].engine
 FLEETGATE_POLICIES = ("fleetgate", "cache_aware", "p2c", "least_requests", "round_robin", "random")
 EXTERNAL = ("sglang-router:cache_aware", "vllm-router:cache_aware", "vllm-router:round_robin")
 ALL_CONTENDERS = tuple(f"fleetgate:{p}" for p in FLEETGATE_POLICIES) + EXTERNAL
@@ -165,6 +166,11 @@ class Setup:
     @property
     def model(self) -> str:
         return {"llama": LLAMA_MODEL, "vllm": VLLM_MODEL}.get(self.engine, MODEL)
+
+    @property
+    def real_fleet(self) -> LlamaFleet | VllmFleet | None:
+        """How the real-engine replicas run (None for simulated engines)."""
+        return {"llama": self.llama, "vllm": self.vllm}.get(self.engine)
 
     def speed_variation(self) -> SpeedVariation:
         return SpeedVariation(noise=self.speed_noise, period_s=self.speed_period_s, seed=self.speed_seed)
@@ -210,8 +216,8 @@ def start_router(
             "routing": {"policy": name, "params": params},
             "replicas": [{"name": f"r{i}", "url": u} for i, u in enumerate(urls)],
         }
-        if setup.engine in ("llama", "vllm"):
-            deployment["engine"] = "llamacpp" if setup.engine == "llama" else "vllm"
+        if setup.engine in REAL_ENGINE_KINDS:
+            deployment["engine"] = REAL_ENGINE_KINDS[setup.engine]
         cfg = {"gateway": {"host": "127.0.0.1", "port": 0}, "deployments": [deployment]}
         path = setup.logdir / f"{tag}-gateway.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -689,10 +695,10 @@ def main() -> None:
         speed_period_s=args.speed_period,
         speed_seed=args.seed,
     )
-    if args.engine in ("llama", "vllm"):
+    fleet = setup.real_fleet
+    if fleet is not None:
         # What an operator knows from the flags: the cache size. The prefill rate is learned online.
         if not args.no_engine_facts:
-            fleet = setup.llama if args.engine == "llama" else setup.vllm
             facts = {"cache_tokens_per_replica": fleet.cache_tokens()}
             setup.policy_params["fleetgate"] = {**facts, **setup.policy_params.get("fleetgate", {})}
     elif not args.no_engine_facts:

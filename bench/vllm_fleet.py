@@ -17,9 +17,10 @@ from pathlib import Path
 
 from live_procs import Proc, free_port, spawn, wait_http
 
+from fleetgate.engines.llama import DEFAULT_ALIAS
 from fleetgate.engines.vllm_cpu import VllmCpuConfig, build_vllm_command, missing_vllm_parts, vllm_env
 
-VLLM_MODEL = "tiny-llama"
+VLLM_MODEL = DEFAULT_ALIAS  # the name VllmCpuConfig serves the tiny model under
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,7 @@ class VllmFleet:
     in host memory) bound each replica's prefix cache the way a real model's KV size bounds it on a GPU, so
     the replay's working set does not fit one replica and where a conversation's turns land decides the hit
     rate. ``block_size`` 32 is the smallest the CPU attention backend takes (it wants a multiple of 32;
-    its default 128 would leave the scaled-down prompts few full blocks to share); with ``--tokens-scale
-    1/16`` a trace's 512-token hash block is exactly one of them.
+    its default 128 would leave the scaled-down prompts few full blocks to share).
     """
 
     max_num_seqs: int = 8
@@ -44,7 +44,7 @@ class VllmFleet:
     def config(self, port: int) -> VllmCpuConfig:
         extra = ("--block-size", str(self.block_size), "--num-gpu-blocks-override", str(self.kv_blocks))
         return VllmCpuConfig(
-            port=port, served_model_name=VLLM_MODEL, max_model_len=self.max_model_len,
+            port=port, max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             threads=self.threads, extra_args=extra,
         )  # fmt: skip
