@@ -4,16 +4,23 @@ One ``llama-server`` (tiny model, 1 thread, 4 slots). ``fleetgate calibrate``'s 
 engine's CPU clock as ``--engine-pid`` does) gives the prefill cost the fit charges; it also measures the
 prefix-cache discount (cold vs shared-prefix runs). Then ``fleetgate serve`` in front of the same replica
 serves a dozen ordinary streamed requests of the calibration's prompt lengths (a replica's per-token prefill
-cost grows with the prompt: attention), and ``/admin/status`` must show a learned ``prefill_tokens_per_s``
-within 25% of what the calibration says those prompts cost (the learner's wall-clock rate divided by the
-engine's CPU share meanwhile, which is 1 on a quiet machine). Figures are printed (``-s``) and recorded in
-docs/benchmarks.md.
+cost grows with the prompt: attention), and ``/admin/status`` must show a learned ``prefill_tokens_per_s``.
+
+Each claim is checked inside one time window, because this shared VM's speed swings by up to 1.7x within
+seconds (a fixed 886-token prefill took 190-440 us/token back to back, in 10-request medians 200-355:
+docs/benchmarks.md, "Online engine calibration on llama-server"): the learned rate against the engine's own
+prefill counters over the same traffic (10%), the learner's first-token fit, an independent method, against
+them too (25%), and the calibration's fit against what its own sweep measured for the prefill-only shapes
+(25%). Across the two windows (the sweep, then the served traffic, a minute apart) the learned rate, in the
+calibration's CPU terms, is only asked to be within 2x of the calibration. Figures are printed (``-s``) and
+recorded in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import time
@@ -48,10 +55,14 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]
         proc.stop()
 
 
-def _engine_busy_s(proc: EngineProcess) -> float:
-    """Wall seconds llama-server spent prefilling and generating (its own counters)."""
+def _engine_counters(proc: EngineProcess) -> tuple[float, float, float]:
+    """llama-server's own (prompt tokens, prompt seconds, generation seconds) counters (wall seconds)."""
     m = scrape_metrics(proc, timeout=10)
-    return m["llamacpp:prompt_seconds_total"] + m["llamacpp:tokens_predicted_seconds_total"]
+    return (
+        m["llamacpp:prompt_tokens_total"],
+        m["llamacpp:prompt_seconds_total"],
+        m["llamacpp:tokens_predicted_seconds_total"],
+    )
 
 
 def _prompt(rng: random.Random, tag: str, words: int) -> str:
@@ -68,8 +79,9 @@ def test_learned_prefill_rate_matches_calibration(replica: EngineProcess, start_
             replica.url,
             MODEL,
             design=design,
-            requests_per_worker=4,
-            min_requests=16,
+            requests_per_worker=1,
+            min_requests=8,
+            rounds=4,  # every shape samples the host over the whole sweep (its speed swings: see above)
             progress=False,
             measure_cache=True,  # the prefix-cache discount, measured (see below)
             busy_clock=lambda: process_tree_cpu_seconds(replica.pid),  # `--engine-pid`: robust when shared
@@ -83,7 +95,7 @@ def test_learned_prefill_rate_matches_calibration(replica: EngineProcess, start_
     sizes = sorted({w for lad in run.ladders for w in lad["words"]}) * 4
     rng.shuffle(sizes)
     prompts: list[int] = []
-    cpu0, busy0 = process_tree_cpu_seconds(replica.pid), _engine_busy_s(replica)
+    cpu0, counters0 = process_tree_cpu_seconds(replica.pid), _engine_counters(replica)
     with httpx.Client(base_url=gw.url, timeout=60) as client:
         for i, words in enumerate(sizes):
             body = {
@@ -105,12 +117,22 @@ def test_learned_prefill_rate_matches_calibration(replica: EngineProcess, start_
         time.sleep(1.5)  # the scraper (0.5 s) sees the counters of the last quiet interval
         status = client.get("/admin/status").json()
     assert len(prompts) == len(sizes)
+    cpu1, counters1 = process_tree_cpu_seconds(replica.pid), _engine_counters(replica)
+    tokens, prompt_s, generation_s = (b - a for a, b in zip(counters0, counters1, strict=True))
+    engine_rate = tokens / prompt_s  # what the engine itself timed for this traffic
     # The learner times the engine on the wall clock (what TTFT is made of); the calibration counted the
     # engine's CPU seconds. On a shared machine the engine gets only a share of a core while it works:
     # its CPU seconds over its own busy wall seconds (llama.cpp's prompt + generation time counters).
-    cpu_share = min((process_tree_cpu_seconds(replica.pid) - cpu0) / (_engine_busy_s(replica) - busy0), 1.0)
+    cpu_share = min((cpu1 - cpu0) / (prompt_s + generation_s), 1.0)
     calibrated = run.calibration.prefill_tokens_per_s(prompts)  # what the fit says these prompts cost
     assert calibrated is not None and calibrated > 0
+    # the fit against its own sweep: the prefill-only shapes (output 1), measured on the engine's CPU clock
+    prefill_rows = [m for m in run.measurements if m.output_tokens == 1]
+    swept = math.fsum(m.input_tokens for m in prefill_rows) / math.fsum(
+        m.replica_seconds for m in prefill_rows
+    )
+    fitted = run.calibration.prefill_tokens_per_s([m.input_tokens for m in prefill_rows])
+    assert fitted is not None
     (row,) = [r for r in status["replicas"] if r["deployment"] == MODEL]
     learned = row["prefill_tokens_per_s"]
     timing = row["prefill_tokens_per_s_timing"]
@@ -118,20 +140,43 @@ def test_learned_prefill_rate_matches_calibration(replica: EngineProcess, start_
     secs = run.calibration.seconds_coefficients
     print(f"\ncalibration seconds coefficients {secs}")
     print(
-        f"\ncalibrated prefill {calibrated:.0f} tok/s ({cal_s:.1f} s sweep, {len(run.measurements)} shapes); "
-        f"learned {learned} tok/s via {row['prefill_rate_source']} (timing {timing}, counters {counters}); "
-        f"decode {row['decode_s_per_token']} s/token; drift vs the default profile {row['profile_drift']}"
+        f"\ncalibrated prefill {calibrated:.0f} tok/s ({cal_s:.1f} s sweep, {len(run.measurements)} shapes; "
+        f"the fit {fitted:.0f} vs the sweep's prefill-only shapes {swept:.0f}); "
+        f"learned {learned} tok/s via {row['prefill_rate_source']} (timing {timing}, counters {counters}; "
+        f"the engine's own counters {engine_rate:.0f}); decode {row['decode_s_per_token']} s/token; "
+        f"drift vs the default profile {row['profile_drift']}"
     )
-    print(json.dumps({"calibrated": calibrated, "learned": learned, "timing": timing, "counters": counters}))
+    print(
+        json.dumps(
+            {
+                "calibrated": calibrated,
+                "fit_prefill_rows": fitted,
+                "swept_prefill_rows": swept,
+                "learned": learned,
+                "timing": timing,
+                "counters": counters,
+                "engine_counters": engine_rate,
+                "sweep_ms": [
+                    (m.input_tokens, m.output_tokens, round(m.replica_seconds * 1e3, 2))
+                    for m in run.measurements
+                ],
+            }
+        )
+    )
     print(
         f"engine CPU share while serving the learned traffic: {cpu_share:.2f} (load {os.getloadavg()[0]:.1f})"
     )
     assert row["prefill_rate_source"] == "counters"
     assert learned is not None and timing is not None
-    # the learned rate, in the calibration's CPU terms, within 25%; the first-token fit within 40% (it also
-    # times the gateway, HTTP and the scheduler's wake-ups on the wall clock)
-    assert abs(learned / cpu_share / calibrated - 1.0) <= 0.25, (learned, cpu_share, calibrated)
-    assert abs(timing / cpu_share / calibrated - 1.0) <= 0.40, (timing, cpu_share, calibrated)
+    print(f"learned / CPU share / calibrated: {learned / cpu_share / calibrated:.2f}")
+    # same window: the gateway learned what the engine timed, and its first-token fit (which also times
+    # the gateway, HTTP and the scheduler's wake-ups) agrees with the engine's counters
+    assert abs(learned / engine_rate - 1.0) <= 0.10, (learned, engine_rate)
+    assert abs(timing / engine_rate - 1.0) <= 0.25, (timing, engine_rate)
+    # same window: the fit's prefill rate is what its own sweep measured for the prefill-only shapes
+    assert abs(fitted / swept - 1.0) <= 0.25, (fitted, swept, secs)
+    # across the two windows: the same order (the host's speed alone moves it by up to 1.7x)
+    assert 0.5 <= learned / cpu_share / calibrated <= 2.0, (learned, cpu_share, calibrated)
     assert row["decode_s_per_token"] is not None and row["decode_s_per_token"] > 0
     # the prefix-cache term measured by the same calibration: llama.cpp restores a cached prefix almost free
     cache = run.cache

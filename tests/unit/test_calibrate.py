@@ -271,11 +271,11 @@ def test_prompts_never_share_a_prefix_across_probes() -> None:
 
 
 def test_merged_rungs_count_every_request_over_all_busy_time() -> None:
-    from fleetgate.engines.calibration_probe import LevelResult, _merge
+    from fleetgate.engines.calibration_probe import LevelResult, merge_levels
 
     a = LevelResult(8, 10, 2.0, 20.0, 0.1, 100.0, 4.0, 5.0, busy_s=0.5, usages=[(100, 4)] * 10)
     b = LevelResult(8, 30, 5.0, 20.0, 0.3, 200.0, 8.0, 6.0, busy_s=2.5, usages=[(200, 8)] * 30)
-    m = _merge(a, b)
+    m = merge_levels(a, b)
     assert m.requests == 40 and m.busy_s == 3.0
     assert m.throughput_rps == pytest.approx(40 / 3.0)
     assert m.mean_prompt_tokens == pytest.approx(175.0)

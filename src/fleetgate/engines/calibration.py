@@ -41,6 +41,7 @@ from fleetgate.engines.calibration_probe import (
     Shape,
     cycle_of,
     jittered,
+    merge_levels,
     process_cpu_seconds,
     process_tree_cpu_seconds,
 )
@@ -93,6 +94,17 @@ class CalibrationRun:
         return data
 
 
+@dataclass
+class _Swept:
+    """A shape measured in the first pass: what later passes repeat, and its best rung merged so far."""
+
+    point: SweepPoint
+    cycle: list[Shape]
+    per_worker: int
+    least: int
+    best: LevelResult
+
+
 async def calibrate_engine(
     engine: str,
     model: str,
@@ -114,6 +126,7 @@ async def calibrate_engine(
     progress_lines: bool | None = None,
     measure_cache: bool = False,
     measure_images: bool = False,
+    rounds: int = 1,
 ) -> CalibrationRun:
     """Run the sweep against ``engine`` and fit the profile (see the module docstring).
 
@@ -122,7 +135,17 @@ async def calibrate_engine(
     to this many seconds (``core.calibrate_plan``). ``progress_lines``: one plain line per shape with an
     ETA instead of the live bar (default: when stdout is not a terminal, e.g. in CI or a log file).
     ``measure_cache`` / ``measure_images``: measure those cost terms too (``engines.calibration_cache``).
+    ``rounds``: measure every shape in that many passes over the sweep, in alternating order (forward,
+    reverse, ...), each later pass at the concurrency the first one found best, and merge a shape's passes
+    (busy clock only). On a shared host whose speed swings during the sweep (this project's VMs: 1.7x
+    within seconds) every shape then samples the host over the whole sweep rather than over its own few
+    seconds, so the shapes' relative costs, which the fit separates into terms, are not skewed by when
+    each ran.
     """
+    if rounds < 1:
+        raise ValueError("rounds must be at least 1")
+    if rounds > 1 and (busy_clock is None or budget_s is not None):
+        raise ValueError("rounds > 1 needs a busy clock and no budget (each pass measures every shape)")
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     if design is not None:
@@ -144,8 +167,10 @@ async def calibrate_engine(
         budget = f"; budget {budget_s:.0f} s" if budget_s is not None else ""
         print(f"calibrate: {len(plan.points)} shapes planned{budget}", flush=True)
     rpw = requests_per_worker if requests_per_worker is not None else (2 if quick else 6)
+    pass_busy_s = min_busy_s / rounds if busy_clock is not None else 0.0  # a shape's passes add up to it
     measurements: list[Measurement] = []
     ladders: list[dict[str, Any]] = []
+    swept: list[_Swept] = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         probe = EngineProbe(
@@ -198,22 +223,10 @@ async def calibrate_engine(
                     requests_per_worker=per_worker,
                     min_requests=least,
                     on_level=show,
-                    min_busy_s=min_busy_s if busy_clock is not None else 0.0,
+                    min_busy_s=pass_busy_s,
                     cycle=len(cycle),
                 )
-                best = sat.best
-                measurements.append(
-                    Measurement(
-                        input_tokens=round(best.mean_prompt_tokens),
-                        output_tokens=round(best.mean_completion_tokens),
-                        replica_seconds=1.0 / best.throughput_rps,
-                        concurrency=best.concurrency,
-                        requests=best.requests,
-                        throughput_rps=best.throughput_rps,
-                        latency_s=best.mean_latency_s,
-                        mix=tuple(best.usages) if point.mix or jitter > 0 else (),
-                    )
-                )
+                swept.append(_Swept(point, cycle, per_worker, least, sat.best))
                 ladders.append(
                     {
                         "input_tokens": point.input_tokens,
@@ -228,12 +241,43 @@ async def calibrate_engine(
                 if lines:
                     elapsed = time.monotonic() - started
                     eta = plan.eta_s(elapsed)
+                    best = sat.best
                     print(
                         f"calibrate: {plan.done}/{len(plan.points)} {label}: {best.throughput_rps:.2f} req/s "
                         f"at c={best.concurrency}; {elapsed:.0f} s elapsed, "
                         f"ETA {'?' if eta is None else f'{eta:.0f} s'}",
                         flush=True,
                     )
+            for r in range(1, rounds):
+                order = range(len(swept) - 1, -1, -1) if r % 2 else range(len(swept))
+                for k in order:
+                    done = swept[k]
+                    again = await probe.saturate(
+                        cycle_of(done.cycle),
+                        [done.best.concurrency],
+                        requests_per_worker=done.per_worker,
+                        min_requests=done.least,
+                        min_busy_s=pass_busy_s,
+                        cycle=len(done.cycle),
+                    )
+                    done.best = merge_levels(done.best, again.best)
+                    ladders[k].setdefault("rounds", []).append(again.best.as_dict())
+                if lines:
+                    print(f"calibrate: pass {r + 1}/{rounds} done", flush=True)
+    for done in swept:
+        best = done.best
+        measurements.append(
+            Measurement(
+                input_tokens=round(best.mean_prompt_tokens),
+                output_tokens=round(best.mean_completion_tokens),
+                replica_seconds=1.0 / best.throughput_rps,
+                concurrency=best.concurrency,
+                requests=best.requests,
+                throughput_rps=best.throughput_rps,
+                latency_s=best.mean_latency_s,
+                mix=tuple(best.usages) if done.point.mix or jitter > 0 else (),
+            )
+        )
     cal = fit_cost_profile(
         measurements,
         random.Random(seed),

@@ -325,7 +325,7 @@ class EngineProbe:
             if level.busy_s is not None and 0 < level.busy_s < min_busy_s:
                 more = math.ceil(level.requests * min(1.2 * min_busy_s / level.busy_s - 1.0, 7.0))
                 more = -(-more // cycle) * cycle
-                level = _merge(level, await self.closed_loop(shapes, c, more))
+                level = merge_levels(level, await self.closed_loop(shapes, c, more))
             if on_level is not None:
                 on_level(level)
             prev = result.saturated_rps if result.levels else 0.0
@@ -359,7 +359,7 @@ def jittered(shape: Shape, spread: float, n: int = 8) -> list[Shape]:
     ]
 
 
-def _merge(a: LevelResult, b: LevelResult) -> LevelResult:
+def merge_levels(a: LevelResult, b: LevelResult) -> LevelResult:
     """Two runs of the same rung as one (busy-clock throughput over both; token means over both)."""
     n = a.requests + b.requests
     busy = (a.busy_s or 0.0) + (b.busy_s or 0.0)
