@@ -304,9 +304,11 @@ def run_one(
     measure_from_send: bool = False,
     warmup: Sequence[PlannedRequest] = (),
     watch_s: float = 0.0,
+    request_rows: bool = False,
 ) -> dict[str, Any]:
     """Fresh engines + router, one replay (after an optional warm-up), everything stopped again; with
-    ``watch_s`` a fleetgate gateway's per-replica learned rates are sampled that often (``GatewayWatch``)."""
+    ``watch_s`` a fleetgate gateway's per-replica learned rates are sampled that often (``GatewayWatch``);
+    ``request_rows`` keeps every request's own row in the block (``request_rows``)."""
     engines = start_engines(setup, tag)
     router: Proc | None = None
     try:
@@ -325,6 +327,7 @@ def run_one(
             request_timeout_s=300.0,
             scrape_interval_s=2.0,
             window_s=60.0,
+            keep_rows=request_rows,
         )
         watch = None
         if watch_s > 0 and router_metrics and contender.startswith("fleetgate:"):
@@ -641,6 +644,10 @@ def main() -> None:
         "(applied with the engine's slow fault; the same schedule for every contender).",
     )  # fmt: skip
     ap.add_argument("--speed-period", type=float, default=10.0, help="Seconds between speed redraws.")
+    ap.add_argument(
+        "--request-rows", action="store_true",
+        help="Keep every request's row (TTFT, prompt and cached tokens) in each block of --out.",
+    )  # fmt: skip
     ap.add_argument("--no-pin", action="store_true")
     ap.add_argument("--quick", action="store_true", help="Smoke run: 240 requests, no calibration.")
     ap.add_argument("--out", type=Path, default=None, help="Write all results as JSON here.")
@@ -784,7 +791,9 @@ def main() -> None:
         info = {"repeat": repeat, "position": i, "contender": name,
                 "start_utc": dt.datetime.now(dt.UTC).strftime("%H:%M:%S")}  # fmt: skip
         try:
-            rep = run_one(name, planned, setup, f"run{i}", watch_s=args.watch_gateway)
+            rep = run_one(
+                name, planned, setup, f"run{i}", watch_s=args.watch_gateway, request_rows=args.request_rows
+            )
             rep["load_avg_1min"] = [load_before, os.getloadavg()[0]]  # the machine's, before and after
         except Exception as exc:
             log(f"{name}: FAILED {exc}")

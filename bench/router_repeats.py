@@ -129,6 +129,7 @@ def block_record(rep: dict[str, Any], **info: Any) -> dict[str, Any]:
             None if e is None else {k: e.get(k) for k in ENGINE_COUNTERS} for e in llama.get("engines", [])
         ],
         **({"gateway_watch": rep["gateway_watch"]} if "gateway_watch" in rep else {}),
+        **({"request_rows": rep["request_rows"]} if "request_rows" in rep else {}),
     }
 
 

@@ -27,7 +27,7 @@ SERIAL: dict[str, str] = {
     "integration/test_noisy_neighbour_headroom.py": "gold's TTFT and OTPS ratios, headroom on and off",
     "integration/test_calibration.py": "held-out MAPE of a model fitted to measured latencies",
     "integration/test_calibration_terms.py": "cache discount and image cost from measured latencies",
-    "integration/test_engine_rates_llama.py": "learned prefill rate within 25% of a measured sweep",
+    "integration/test_engine_rates_llama.py": "first-token fit within 25% of the engine's own prefill timing",
     "integration/test_pool_live.py::test_a_reserved_burst_reclaims_a_best_effort_replica_losing_nothing": (
         "B's reserved p95 TTFT after the reclaim within 1.10x of before"
     ),

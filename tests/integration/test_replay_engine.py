@@ -36,6 +36,7 @@ async def test_replay_against_engine(tmp_path: Path, start_engine: Any) -> None:
         model="replay-model",
         metrics_urls=[engine.url + "/metrics"],
         scrape_interval_s=0.5,
+        keep_rows=True,
     )
     rep = await run_replay(planned, opts)
     assert rep["requests"] == 12 and rep["ok"] == 12 and rep["errors"] == 0
@@ -49,6 +50,12 @@ async def test_replay_against_engine(tmp_path: Path, start_engine: Any) -> None:
     assert rep["prefix_cache_hit_rate"] == rep["usage_cached_token_share"]
     assert rep["engines"][0]["requests"] == 12
     assert rep["load_max_over_mean_window"] == 1.0  # one replica
+    # every request's own row, in plan order: the second turns are the ones with cached tokens
+    rows = rep["request_rows"]
+    assert [r["index"] for r in rows] == list(range(12)) and all(r["ok"] for r in rows)
+    assert all(r["cached_tokens"] == 0 for r in rows[:6]) and all(r["cached_tokens"] > 0 for r in rows[6:])
+    cached, prompt = sum(r["cached_tokens"] for r in rows), sum(r["prompt_tokens"] for r in rows)
+    assert cached / prompt == rep["usage_cached_token_share"]
 
 
 def test_cli_replay_writes_json(tmp_path: Path, start_engine: Any) -> None:

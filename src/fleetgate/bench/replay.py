@@ -95,6 +95,9 @@ class ReplayOptions:
     #: Closed-loop probing (e.g. unloaded latency with ``concurrency_limit=1``): latencies count from the
     #: actual send instead of the scheduled time. Leave False for open-loop replay.
     measure_from_send: bool = False
+    #: Put every request's own row (``result_rows``: TTFT, prompt and cached tokens, ...) in the report as
+    #: ``request_rows``, for diagnosing where a tail comes from.
+    keep_rows: bool = False
 
 
 # --------------------------------------------------------------------------------------------- planning
@@ -378,7 +381,10 @@ async def run_replay(
     for r in results:
         if r.finished_s is not None:
             r.finished_s -= start
-    return summarize(results, samples, opts, wall_s=end, router_metrics=(router_before, router_after))
+    report = summarize(results, samples, opts, wall_s=end, router_metrics=(router_before, router_after))
+    if opts.keep_rows:
+        report["request_rows"] = result_rows(sorted(results, key=lambda r: r.index))
+    return report
 
 
 # --------------------------------------------------------------------------------------------- statistics
@@ -588,5 +594,5 @@ def summarize(
 
 
 def result_rows(results: Sequence[RequestResult]) -> list[dict[str, Any]]:
-    """Per-request rows (for ``--json`` with details)."""
+    """Per-request rows (``ReplayOptions.keep_rows``)."""
     return [asdict(r) for r in results]
