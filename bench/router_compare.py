@@ -328,6 +328,7 @@ def run_one(
             scrape_interval_s=2.0,
             window_s=60.0,
             keep_rows=request_rows,
+            request_id_prefix="replay-" if request_rows else None,  # fleetgate's access log: index -> replica
         )
         watch = None
         if watch_s > 0 and router_metrics and contender.startswith("fleetgate:"):
@@ -358,6 +359,10 @@ def run_one(
         stop_all([p for p in (router, *engines) if p is not None])
 
 
+#: Substrings of the router counters ``_router_counters`` keeps (fleetgate's gate and tail bound included).
+ROUTER_COUNTERS = ("prefix_routing_decisions", "kv_routing_inputs", "retries", "tail_bound", "gate_held")
+
+
 def _router_counters(url: str | None) -> dict[str, float]:
     """A few routers' own counters worth recording (e.g. why vllm-router's cache_aware fell back)."""
     if not url:
@@ -372,7 +377,7 @@ def _router_counters(url: str | None) -> dict[str, float]:
         if line.startswith("#") or not line.strip():
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if any(k in name for k in ("prefix_routing_decisions", "kv_routing_inputs", "retries", "tail_bound")):
+        if any(k in name for k in ROUTER_COUNTERS):
             out[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
     return out
 

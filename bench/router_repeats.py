@@ -130,6 +130,7 @@ def block_record(rep: dict[str, Any], **info: Any) -> dict[str, Any]:
         ],
         **({"gateway_watch": rep["gateway_watch"]} if "gateway_watch" in rep else {}),
         **({"request_rows": rep["request_rows"]} if "request_rows" in rep else {}),
+        **({"router_counters": rep["router_counters"]} if rep.get("router_counters") else {}),
     }
 
 

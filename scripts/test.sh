@@ -87,7 +87,9 @@ run_phase() {  # name, pytest arguments...: runs pytest, keeps its output for th
   local t0=$SECONDS
   echo "== tests, $name: pytest $*" >&2
   set +e
-  "$BIN/python" -m pytest -q -p no:cacheprovider "${PYTEST_EXTRA[@]}" "$@" 2>&1 | tee "$LOGS/$name.log"
+  # --durations: the slowest tests of each phase, printed (the warm-run target is 12 minutes in all)
+  "$BIN/python" -m pytest -q -p no:cacheprovider --durations=12 --durations-min=5 "${PYTEST_EXTRA[@]}" "$@" \
+    2>&1 | tee "$LOGS/$name.log"
   PHASE_RC=${PIPESTATUS[0]}
   set -e
   echo "== tests, $name: exit $PHASE_RC in $((SECONDS - t0)) s" >&2

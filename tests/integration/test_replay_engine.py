@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgate.bench.prompts import PromptSynth
-from fleetgate.bench.replay import ReplayOptions, plan_requests, run_replay
+from fleetgate.bench.replay import PlannedRequest, ReplayOptions, plan_requests, run_replay
 from fleetgate.sim.traces import load_trace
 
 
@@ -37,6 +37,7 @@ async def test_replay_against_engine(tmp_path: Path, start_engine: Any) -> None:
         metrics_urls=[engine.url + "/metrics"],
         scrape_interval_s=0.5,
         keep_rows=True,
+        request_id_prefix="replay-",
     )
     rep = await run_replay(planned, opts)
     assert rep["requests"] == 12 and rep["ok"] == 12 and rep["errors"] == 0
@@ -74,3 +75,35 @@ def test_cli_replay_writes_json(tmp_path: Path, start_engine: Any) -> None:
     assert rep["requests"] == 8 and rep["errors"] == 0
     assert rep["config"]["time_scale"] == 0.5
     assert "TTFT ms p50/p95/p99" in proc.stderr
+
+
+async def test_replay_sends_each_request_with_its_plan_index_as_request_id() -> None:
+    """With ``request_id_prefix`` every request carries ``x-request-id: <prefix><index>`` (what fleetgate's
+    access log then shows beside the replica it chose); without it, none."""
+    from aiohttp import web
+
+    from aiohttp_site import serve_app
+
+    seen: list[str | None] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("x-request-id"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}
+        await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    planned = [
+        PlannedRequest(index=i, at_s=0.01 * i, prompt="hello", max_tokens=1, trace_input_tokens=1)
+        for i in range(3)
+    ]
+    async with serve_app(app) as url:
+        rep = await run_replay(planned, ReplayOptions(base_url=url, model="m", request_id_prefix="replay-"))
+        assert rep["ok"] == 3
+        assert sorted(seen) == ["replay-0", "replay-1", "replay-2"]
+        seen.clear()
+        await run_replay(planned, ReplayOptions(base_url=url, model="m"))
+        assert seen == [None, None, None]

@@ -98,6 +98,9 @@ class ReplayOptions:
     #: Put every request's own row (``result_rows``: TTFT, prompt and cached tokens, ...) in the report as
     #: ``request_rows``, for diagnosing where a tail comes from.
     keep_rows: bool = False
+    #: Send each request with ``x-request-id: <prefix><index>`` (a gateway that keeps the client's id, as
+    #: fleetgate does, then logs the plan's index beside the replica it chose).
+    request_id_prefix: str | None = None
 
 
 # --------------------------------------------------------------------------------------------- planning
@@ -160,6 +163,8 @@ async def _send(
 ) -> RequestResult:
     res = RequestResult(req.index, req.at_s)
     body = orjson.dumps(request_body(req, opts))
+    if opts.request_id_prefix is not None:
+        headers = {**headers, "x-request-id": f"{opts.request_id_prefix}{req.index}"}
     try:
         if sem is not None:
             await sem.acquire()
