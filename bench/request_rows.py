@@ -90,7 +90,14 @@ def main() -> None:
     )
     args = ap.parse_args()
     doc = json.loads(args.result.read_text())
-    blocks = [b for b in doc["blocks"] if "request_rows" in b]
+    if "blocks" in doc:
+        blocks = [b for b in doc["blocks"] if "request_rows" in b]
+    else:  # one repeat: full reports by contender, in the order they ran (run<position> in --logdir)
+        blocks = [
+            {**rep, "contender": name, "repeat": 0, "position": i}
+            for i, (name, rep) in enumerate(doc["results"].items())
+            if "request_rows" in rep
+        ]
     by: dict[tuple[str, int], dict[int, Row]] = {}
     for block in blocks:
         print(describe(block))
