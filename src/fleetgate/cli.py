@@ -138,6 +138,14 @@ def calibrate(
     images: Annotated[
         bool, typer.Option(help="Also measure what an image token costs (a multimodal engine).")
     ] = False,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Measure every shape in this many passes, alternating order (with --engine-pid, no "
+            "--budget-s): on a host whose speed swings, each shape then samples all of the sweep.",
+        ),
+    ] = 1,
 ) -> None:
     """Fit a model-unit cost profile by a designed sweep against a live engine (progress lines with an ETA
     when stdout is not a terminal); the full sweep also measures the prefix-cache discount."""
@@ -145,7 +153,7 @@ def calibrate(
 
     run_calibration(
         engine=engine, model=model, out=out, plot=plot, quick=quick, engine_pid=engine_pid, budget_s=budget_s,
-        images=images,
+        images=images, rounds=rounds,
     )  # fmt: skip
 
 

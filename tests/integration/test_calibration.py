@@ -122,6 +122,26 @@ def test_calibrate_rejects_unreadable_engine_pid(tmp_path: Path) -> None:
     assert "cannot read CPU time" in res.stderr
 
 
+def test_calibrate_rounds_need_the_engine_cpu_clock_and_no_budget(tmp_path: Path) -> None:
+    """Later passes merge a shape's busy seconds, which only an engine CPU clock measures; a budget would
+    cut the passes short of some shapes. Refused before any request is sent."""
+    base = [
+        "--engine",
+        "http://127.0.0.1:9",
+        "--model",
+        "m",
+        "--out",
+        str(tmp_path / "p.json"),
+        "--rounds",
+        "2",
+    ]
+    for extra in ([], ["--engine-pid", "1", "--budget-s", "30"]):
+        res = run_calibrate(*base, *extra, timeout=60)
+        assert res.returncode == 2, res.stderr
+        assert "--rounds above 1 needs --engine-pid and no --budget-s" in res.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
 @pytest.mark.timeout(120)
 def test_calibrate_budget_plans_a_spread_subset(start_engine: Callable[..., Any], tmp_path: Path) -> None:
     """``--budget-s`` smaller than the sweep: the shapes that fit (at least the 6 a fit needs) are measured,

@@ -309,13 +309,19 @@ def run_calibration(
     engine_pid: int | None = None,
     budget_s: float | None = None,
     images: bool = False,
+    rounds: int = 1,
 ) -> None:
     """The ``fleetgate calibrate`` command: sweep, fit, write JSON (and PNG), print the fit quality.
 
     ``engine_pid``: a local engine process whose CPU time (with its children's) is the replica time (CPU
-    engines on a shared machine); by default the wall clock.
+    engines on a shared machine); by default the wall clock. ``rounds``: passes per shape (needs
+    ``engine_pid`` and no ``budget_s``; see ``calibrate_engine``).
     """
     import typer
+
+    if rounds > 1 and (engine_pid is None or budget_s is not None):
+        typer.echo("calibration failed: --rounds above 1 needs --engine-pid and no --budget-s", err=True)
+        raise typer.Exit(2)
 
     if plot is not None:
         from fleetgate.plots import PlotsUnavailableError, require
@@ -348,6 +354,7 @@ def run_calibration(
                 budget_s=budget_s,
                 measure_cache=not quick,
                 measure_images=images,
+                rounds=rounds,
             )
         )
     except CalibrationError as exc:
