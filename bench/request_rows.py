@@ -7,9 +7,9 @@ were prefix-cache misses, their prompt length, when they were sent). Then, for e
 ran, the requests the default (``fleetgate:fleetgate``, or ``--contender``) made slowest relative to
 ``--against``, the same request index in the same repeat, with both runs' TTFT and cached tokens: equal
 cached tokens mean the same placement quality, so a difference there is queueing (at the gateway or in the
-engine), not a lost cache hit. ``--logdir`` (router_compare's): the replica each request went to, from a
-fleetgate gateway's access log (``run<position>-gateway.log``; the replay sent ``x-request-id:
-replay-<index>``).
+engine), not a lost cache hit. The replica each request went to is in its row when router_compare read it
+from the fleetgate gateway's access log (the replay sends ``x-request-id: replay-<index>``); ``--logdir``
+(router_compare's) reads it from ``run<position>-gateway.log`` there instead.
 """
 
 from __future__ import annotations

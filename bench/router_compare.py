@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from live_procs import Proc, free_port, spawn, stop_all, wait_http, wait_ready_line
 from llama_fleet import LLAMA_MODEL, LlamaFleet, llama_cache_counters, probe_llama_prefill, start_llama
+from request_rows import replicas_from_log
 from router_repeats import GatewayWatch, block_record, cpu_shares, cpu_times, schedule, summarize
 from router_repeats import markdown as repeats_markdown
 from vllm_fleet import VLLM_MODEL, VllmFleet, start_vllm
@@ -354,6 +355,11 @@ def run_one(
             # docs/benchmarks.md predate the dialect's fix that makes the replay's own rate the same).
             report["llama_cache"] = llama_cache_counters(engines)
             report["prefix_cache_hit_rate"] = report["llama_cache"]["hit_rate"]
+        if request_rows and contender.startswith("fleetgate:"):  # its access log names each one's replica
+            replicas = replicas_from_log(setup.logdir / f"{tag}-gateway.log")
+            for row in report["request_rows"]:
+                if row["index"] in replicas:
+                    row["replica"] = replicas[row["index"]]
         return report
     finally:
         stop_all([p for p in (router, *engines) if p is not None])
