@@ -41,6 +41,7 @@ import httpx
 from fleetgate.core.engine_rates import BusyRateLearner, EngineRateLearner
 from fleetgate.core.openai import usage_from_mapping
 from fleetgate.core.types import RequestInfo
+from fleetgate.engines.calibration_probe import FILLER_WORDS as WORDS
 from fleetgate.engines.calibration_probe import process_tree_cpu_seconds
 from fleetgate.engines.dialects.llamacpp import LLAMACPP
 from fleetgate.engines.llama import LlamaServerConfig, free_port, llama_server, missing_llama_parts
@@ -48,7 +49,6 @@ from fleetgate.engines.metrics import engine_signals, parse_prometheus_text
 from fleetgate.gateway.engine_rates import counters_from
 
 MODEL = "tiny-llama"
-WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "big", "red", "dog")
 
 
 def _counters(url: str) -> dict[str, float]:

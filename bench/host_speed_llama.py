@@ -21,9 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from fleetgate.engines.calibration_probe import FILLER_WORDS as WORDS
 from fleetgate.engines.llama import DEFAULT_ALIAS, LlamaServerConfig, free_port, llama_server
-
-WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "big", "red", "dog")
 
 
 def main() -> None:

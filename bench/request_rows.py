@@ -22,6 +22,9 @@ from typing import Any
 
 Row = dict[str, Any]
 
+#: The replay's ``request_id_prefix`` in router_compare (``x-request-id: replay-<index>``).
+REQUEST_ID_PREFIX = "replay-"
+
 
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -67,8 +70,12 @@ def replicas_from_log(path: Path) -> dict[int, str]:
             continue
         entry = json.loads(line)
         rid = str(entry.get("request_id") or "")
-        if entry.get("msg") == "request finished" and rid.startswith("replay-") and entry.get("replica"):
-            out[int(rid.removeprefix("replay-"))] = str(entry["replica"])
+        if (
+            entry.get("msg") == "request finished"
+            and rid.startswith(REQUEST_ID_PREFIX)
+            and entry.get("replica")
+        ):
+            out[int(rid.removeprefix(REQUEST_ID_PREFIX))] = str(entry["replica"])
     return out
 
 

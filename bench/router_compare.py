@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from live_procs import Proc, free_port, spawn, stop_all, wait_http, wait_ready_line
 from llama_fleet import LLAMA_MODEL, LlamaFleet, llama_cache_counters, probe_llama_prefill, start_llama
-from request_rows import replicas_from_log
+from request_rows import REQUEST_ID_PREFIX, replicas_from_log
 from router_repeats import GatewayWatch, block_record, cpu_shares, cpu_times, schedule, summarize
 from router_repeats import markdown as repeats_markdown
 from vllm_fleet import VLLM_MODEL, VllmFleet, start_vllm
@@ -329,7 +329,9 @@ def run_one(
             scrape_interval_s=2.0,
             window_s=60.0,
             keep_rows=request_rows,
-            request_id_prefix="replay-" if request_rows else None,  # fleetgate's access log: index -> replica
+            request_id_prefix=REQUEST_ID_PREFIX
+            if request_rows
+            else None,  # fleetgate's access log: index -> replica
         )
         watch = None
         if watch_s > 0 and router_metrics and contender.startswith("fleetgate:"):

@@ -106,18 +106,13 @@ def test_calibrate_reports_unreachable_engine(tmp_path: Path) -> None:
     assert not (tmp_path / "p.json").exists()
 
 
+def _no_engine_args(tmp_path: Path) -> list[str]:
+    """``--engine``, ``--model`` and ``--out`` for a run refused before it sends anything."""
+    return ["--engine", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path / "p.json")]
+
+
 def test_calibrate_rejects_unreadable_engine_pid(tmp_path: Path) -> None:
-    res = run_calibrate(
-        "--engine",
-        "http://127.0.0.1:9",
-        "--model",
-        "m",
-        "--out",
-        str(tmp_path / "p.json"),
-        "--engine-pid",
-        "999999999",
-        timeout=60,
-    )
+    res = run_calibrate(*_no_engine_args(tmp_path), "--engine-pid", "999999999", timeout=60)
     assert res.returncode == 1
     assert "cannot read CPU time" in res.stderr
 
@@ -125,16 +120,7 @@ def test_calibrate_rejects_unreadable_engine_pid(tmp_path: Path) -> None:
 def test_calibrate_rounds_need_the_engine_cpu_clock_and_no_budget(tmp_path: Path) -> None:
     """Later passes merge a shape's busy seconds, which only an engine CPU clock measures; a budget would
     cut the passes short of some shapes. Refused before any request is sent."""
-    base = [
-        "--engine",
-        "http://127.0.0.1:9",
-        "--model",
-        "m",
-        "--out",
-        str(tmp_path / "p.json"),
-        "--rounds",
-        "2",
-    ]
+    base = [*_no_engine_args(tmp_path), "--rounds", "2"]
     for extra in ([], ["--engine-pid", "1", "--budget-s", "30"]):
         res = run_calibrate(*base, *extra, timeout=60)
         assert res.returncode == 2, res.stderr

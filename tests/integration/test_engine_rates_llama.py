@@ -32,13 +32,12 @@ from engine_http import MODEL, scrape_metrics
 
 from fleetgate.core.calibrate import sweep_design
 from fleetgate.engines.calibration import calibrate_engine
+from fleetgate.engines.calibration_probe import FILLER_WORDS as WORDS
 from fleetgate.engines.calibration_probe import process_tree_cpu_seconds
 from fleetgate.engines.llama import EngineProcess, LlamaServerConfig, free_port, llama_server
 from real_engines import need_llama
 
 pytestmark = pytest.mark.timeout(480)  # the sweep takes 45 s on a quiet machine, 175 s at load 11
-
-WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "big", "red", "dog")
 
 
 @pytest.fixture(scope="module")

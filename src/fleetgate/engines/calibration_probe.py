@@ -21,7 +21,24 @@ from typing import Any
 
 import aiohttp
 
-_WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "see", "big", "red", "dog")
+#: The filler words of every probe prompt (short, one token each in most vocabularies).
+FILLER_WORDS = (
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "and",
+    "then",
+    "it",
+    "ran",
+    "to",
+    "see",
+    "big",
+    "red",
+    "dog",
+)
 
 #: A 32x32 grey PNG: the image part the image-cost measurement sends (the engine's image tokens count).
 CALIBRATION_IMAGE = (
@@ -186,10 +203,10 @@ class EngineProbe:
         if shared_words > 0:  # the prefix-cache measurement: a long prefix every request repeats
             shared = random.Random(f"{self.nonce}:shared")
             head = f"Shared {self.nonce} :" + "".join(
-                " " + shared.choice(_WORDS) for _ in range(shared_words)
+                " " + shared.choice(FILLER_WORDS) for _ in range(shared_words)
             )
             head += f" Request {uid} :"
-        return head + "".join(" " + rng.choice(_WORDS) for _ in range(max(words, 0)))
+        return head + "".join(" " + rng.choice(FILLER_WORDS) for _ in range(max(words, 0)))
 
     def content(self, shape: Shape) -> str | list[dict[str, Any]]:
         """The user message: the prompt, followed by ``shape.images`` image parts when it has any."""
