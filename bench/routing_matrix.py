@@ -17,7 +17,8 @@ deterministic) to the summary.
 
 The summary, per fleetgate variant and run: cells where issue 20's bar is met (p95 <= 0.8x the best other
 policy's, hit rate >= 0.9x the best other's, p99 <= the best other's), cells with p99 <= the best other's,
-p95 against ``--ref`` (lower / higher / same, geometric mean of p95 and p99) and the worst cells. "Other"
+p95 against ``--ref`` (lower / higher / same, geometric mean of p95 and p99) and the worst cells; with
+several runs, a last row per variant pools every cell of every run. "Other"
 means every policy whose name does not start with ``fleetgate``.
 """
 
@@ -43,6 +44,8 @@ LOADS: dict[str, tuple[str, ...]] = {
     "azure": ("1", "1.5"),
 }
 REPLICAS = (8, 16, 32)
+#: The summary's pooled row per variant: every cell of every run.
+ALL_RUNS = "all runs"
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ def summarise(outs: list[Path], runs: list[tuple[int, str]], ref: str, worst: in
     order: list[tuple[str, str]] = []
     for seed, noise in runs:
         run = f"{seed}, {'noisy' if float(noise) > 0 else 'same'}"
+        cell_run = f"s{seed}" if float(noise) > 0 else f"s{seed} same"
         for workload, loads in LOADS.items():
             for load in loads:
                 rows: dict[tuple[int, str], Row] = {}
@@ -140,20 +144,21 @@ def summarise(outs: list[Path], runs: list[tuple[int, str]], ref: str, worst: in
                     for (k, p), v in rows.items():
                         if k != n or not p.startswith("fleetgate"):
                             continue
-                        if (p, run) not in tallies:
-                            tallies[(p, run)] = Tally()
-                            order.append((p, run))
-                        t = tallies[(p, run)]
-                        t.cells += 1
-                        t.bar += v.p95 <= 0.8 * best95 and v.hit >= 0.9 * best_hit and v.p99 <= best99
-                        t.p99_ok += v.p99 <= best99
                         r95, r99 = v.p95 / base.p95, v.p99 / base.p99
-                        t.lower += r95 < 1 - 1e-9
-                        t.higher += r95 > 1 + 1e-9
-                        t.same += abs(r95 - 1) <= 1e-9
-                        t.log_p95.append(math.log(r95))
-                        t.log_p99.append(math.log(r99))
-                        t.worst.append((r95, f"{workload} {n} x{load}", r99))
+                        for key in ((p, run), (p, ALL_RUNS)):
+                            if key not in tallies:
+                                tallies[key] = Tally()
+                                order.append(key)
+                            t = tallies[key]
+                            t.cells += 1
+                            t.bar += v.p95 <= 0.8 * best95 and v.hit >= 0.9 * best_hit and v.p99 <= best99
+                            t.p99_ok += v.p99 <= best99
+                            t.lower += r95 < 1 - 1e-9
+                            t.higher += r95 > 1 + 1e-9
+                            t.same += abs(r95 - 1) <= 1e-9
+                            t.log_p95.append(math.log(r95))
+                            t.log_p99.append(math.log(r99))
+                            t.worst.append((r95, f"{workload} {n} x{load} {cell_run}", r99))
 
     def gm(v: list[float]) -> float:
         return math.exp(sum(v) / len(v)) if v else math.nan
@@ -163,7 +168,9 @@ def summarise(outs: list[Path], runs: list[tuple[int, str]], ref: str, worst: in
         f"| geometric mean p95, p99 vs {ref} | worst cells p95 (p99) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for p, run in order:
+    # (each variant's pooled row after every per-run row, only when there is more than one run)
+    pooled = [k for k in order if k[1] == ALL_RUNS] if len(runs) > 1 else []
+    for p, run in [k for k in order if k[1] != ALL_RUNS] + pooled:
         t = tallies[(p, run)]
         ws = "; ".join(f"{c} {r:.2f} ({r99:.2f})" for r, c, r99 in sorted(t.worst, reverse=True)[:worst])
         lines.append(

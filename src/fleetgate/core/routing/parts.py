@@ -27,6 +27,7 @@ from fleetgate.core.routing.pickers.random import RandomPicker, RandomPickerPara
 from fleetgate.core.routing.pickers.round_robin import RoundRobinParams, RoundRobinPicker
 from fleetgate.core.routing.pipeline import Filter, Picker, Scorer
 from fleetgate.core.routing.rates import DecayingRates, ReplicaLoads
+from fleetgate.core.routing.scorers.active_sessions import ActiveSessionsParams, ActiveSessionsScorer
 from fleetgate.core.routing.scorers.inflight import InflightRequestsParams, InflightRequestsScorer
 from fleetgate.core.routing.scorers.kv_pressure import KvPressureParams, KvPressureScorer
 from fleetgate.core.routing.scorers.kv_usage import KvUsageParams, KvUsageScorer
@@ -83,6 +84,7 @@ SCORERS.add("inflight_requests", InflightRequestsParams, lambda p, ctx: Inflight
 SCORERS.add("queue_length", QueueLengthParams, lambda p, ctx: QueueLengthScorer())
 SCORERS.add("kv_usage", KvUsageParams, lambda p, ctx: KvUsageScorer())
 SCORERS.add("kv_pressure", KvPressureParams, lambda p, ctx: KvPressureScorer(p))
+SCORERS.add("active_sessions", ActiveSessionsParams, lambda p, ctx: ActiveSessionsScorer(p))
 SCORERS.add("ttft_estimate", TtftEstimateParams, lambda p, ctx: ctx.estimate(p))
 
 PICKERS.add("max_score", MaxScoreParams, lambda p, ctx: MaxScorePicker(p.tie_break))

@@ -1,0 +1,129 @@
+"""Active sessions: place a new session where fewer sessions are under way (issue 20).
+
+A session's later turns follow its first to the replica holding its context, so where a session starts
+decides where its next turns' load lands. The TTFT estimate sees only the prefill queued now; sessions that
+are thinking between turns are invisible to it, so a burst of new sessions can all start on the replica
+that looks fastest at that instant and come back there together (docs/benchmarks.md, "Session 17: the
+default's agentic tail on vLLM").
+
+This scorer counts the sessions each replica is carrying without any session header: every dispatched
+prompt leaves a *context end* (the hash of its last full block) on its replica; a request whose prompt
+extends a live context end (that end is one of its own block hashes) is that session's next turn and moves
+the end to its own; an end expires ``active_s`` after the turn that left it. A continuation scores 1
+everywhere (it follows its cache); a new prompt scores ``(1 + least) / (1 + active)`` per candidate, so
+inside the ``fleetgate`` policy a replica carrying twice the least-loaded one's sessions costs about half the
+weight (seconds) in the estimate. With ``by_tenant`` (the default) that preference is scaled by the share of
+the tenant's recent requests that were next turns, so single-shot traffic (RAG, batch) is left to the
+estimate: unscaled, the scorer balanced RAG prompts by count and lost their shared-document hits.
+
+Opt-in (``scorers: [{type: active_sessions, weight: 16}]`` on ``fleetgate``): in the simulator matrix it took
+about 5% off the agentic p95 and was neutral elsewhere, short of a default change (docs/benchmarks.md,
+"Session 18: new sessions placed by the sessions under way").
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from pydantic import Field
+
+from fleetgate.core.plugins import PluginParams
+from fleetgate.core.routing.pipeline import PickContext, StageBase
+from fleetgate.core.types import ReplicaSnapshot, RequestInfo
+
+
+class ActiveSessionsParams(PluginParams):
+    """Fewer sessions under way scores higher for a new session (see ``scorers.active_sessions``)."""
+
+    active_s: float = Field(
+        default=60.0, gt=0, description="Seconds a session stays active after its latest turn's dispatch."
+    )
+    by_tenant: bool = Field(
+        default=True,
+        description="Scale the preference by the tenant's recent share of next turns (0 for a tenant whose "
+        "prompts never continue one another: single-shot RAG or batch traffic is left to the estimate).",
+    )
+    share_smoothing: float = Field(
+        default=0.05, gt=0, le=1, description="Weight of each request in the tenant's next-turn share."
+    )
+
+
+class ActiveSessionsScorer(StageBase):
+    """Context ends per replica; see the module docstring. Time comes in through ``now`` (sans-IO)."""
+
+    name = "active_sessions"
+    uses_prefix_hashes = True
+
+    def __init__(self, params: ActiveSessionsParams | None = None) -> None:
+        self.params = params or ActiveSessionsParams()
+        self.active_s = self.params.active_s
+        #: context end hash -> (replica, dispatch time of the turn that left it)
+        self.ends: dict[int, tuple[str, float]] = {}
+        #: live context ends per replica
+        self.active: dict[str, int] = {}
+        self._order: deque[tuple[float, int]] = deque()
+        self._last: tuple[RequestInfo | None, int | None] = (None, None)
+        #: tenant -> exponentially smoothed share of its dispatched requests that were next turns
+        self.next_turn_share: dict[str, float] = {}
+
+    def parent(self, request: RequestInfo) -> int | None:
+        """The live context end this prompt extends (its deepest), or None for a new session."""
+        last_req, last_parent = self._last
+        if last_req is request:
+            return last_parent
+        ends = self.ends
+        found = None
+        if ends:
+            hashes = request.prefix_hashes
+            for i in range(len(hashes) - 1, -1, -1):
+                if hashes[i] in ends:
+                    found = hashes[i]
+                    break
+        self._last = (request, found)
+        return found
+
+    def _expire(self, now: float) -> None:
+        edge = now - self.active_s
+        order, ends, active = self._order, self.ends, self.active
+        while order and order[0][0] < edge:
+            t, h = order.popleft()
+            got = ends.get(h)
+            if got is not None and got[1] == t:
+                del ends[h]
+                active[got[0]] -= 1
+
+    def score(self, request: RequestInfo, candidates: list[ReplicaSnapshot], ctx: PickContext) -> list[float]:
+        self._expire(ctx.now)
+        if self.parent(request) is not None:
+            return [1.0] * len(candidates)
+        get = self.active.get
+        loads = [1.0 + get(r.name, 0) for r in candidates]
+        least = min(loads)
+        if not self.params.by_tenant:
+            return [least / v for v in loads]
+        share = self.next_turn_share.get(request.tenant, 0.0)
+        return [1.0 - share * (1.0 - least / v) for v in loads]
+
+    def on_dispatch(self, request: RequestInfo, replica: str, now: float) -> None:
+        hashes = request.prefix_hashes
+        if not hashes:
+            return
+        parent = self.parent(request)
+        if self.params.by_tenant:
+            shares = self.next_turn_share
+            old_share = shares.get(request.tenant, 0.0)
+            hit = 1.0 if parent is not None else 0.0
+            shares[request.tenant] = old_share + (hit - old_share) * self.params.share_smoothing
+        ends, active = self.ends, self.active
+        if parent is not None:
+            old = ends.pop(parent, None)
+            if old is not None:
+                active[old[0]] -= 1
+        end = hashes[-1]
+        old = ends.get(end)
+        if old is not None:
+            active[old[0]] -= 1
+        ends[end] = (replica, now)
+        active[replica] = active.get(replica, 0) + 1
+        self._order.append((now, end))
+        self._last = (None, None)
