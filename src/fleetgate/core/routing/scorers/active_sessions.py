@@ -7,9 +7,13 @@ that looks fastest at that instant and come back there together (docs/benchmarks
 default's agentic tail on vLLM").
 
 This scorer counts the sessions each replica is carrying without any session header: every dispatched
-prompt leaves a *context end* (the hash of its last full block) on its replica; a request whose prompt
-extends a live context end (that end is one of its own block hashes) is that session's next turn and moves
-the end to its own; an end expires ``active_s`` after the turn that left it. A continuation scores 1
+prompt leaves its session's *ends* on its replica, the hashes of its last and second-to-last full blocks; a
+request whose prompt holds a live end is that session's next turn and moves the session to its own replica;
+a session expires ``active_s`` after its latest turn. (Both ends, because a client that grows one message
+turn by turn leaves the message's end and the generation prompt in the last block, which the next turn does
+not repeat: in session 18's live replay 0 of 311 next turns held their previous turn's last block, all 311
+its second-to-last. A second-to-last end counts only with two blocks after it, or a new session whose own
+part is one block would find the shared system prompt's end of another.) A continuation scores 1
 everywhere (it follows its cache); a new prompt scores ``(1 + least) / (1 + active)`` per candidate, so
 inside the ``fleetgate`` policy a replica carrying twice the least-loaded one's sessions costs about half the
 weight (seconds) in the estimate. With ``by_tenant`` (the default) that preference is scaled by the share of
@@ -57,40 +61,61 @@ class ActiveSessionsScorer(StageBase):
     def __init__(self, params: ActiveSessionsParams | None = None) -> None:
         self.params = params or ActiveSessionsParams()
         self.active_s = self.params.active_s
-        #: context end hash -> (replica, dispatch time of the turn that left it)
-        self.ends: dict[int, tuple[str, float]] = {}
-        #: live context ends per replica
+        #: live session id -> (replica, dispatch time of its latest turn, that turn's last and second-to-last
+        #: block hashes)
+        self.sessions: dict[int, tuple[str, float, int, int | None]] = {}
+        #: a live session's latest prompt's last / second-to-last block hash -> its id
+        self.last_ends: dict[int, int] = {}
+        self.prev_ends: dict[int, int] = {}
+        #: live sessions per replica
         self.active: dict[str, int] = {}
         self._order: deque[tuple[float, int]] = deque()
+        self._ids = 0
         self._last: tuple[RequestInfo | None, int | None] = (None, None)
         #: tenant -> exponentially smoothed share of its dispatched requests that were next turns
         self.next_turn_share: dict[str, float] = {}
 
     def parent(self, request: RequestInfo) -> int | None:
-        """The live context end this prompt extends (its deepest), or None for a new session."""
+        """The live session this prompt continues (the deepest end it holds), or None for a new session.
+
+        A second-to-last block counts only with two or more blocks after it: a new session whose own part
+        is one block would otherwise find the shared system prompt's last block of a session that began
+        the same way."""
         last_req, last_parent = self._last
         if last_req is request:
             return last_parent
-        ends = self.ends
         found = None
-        if ends:
+        if self.sessions:
             hashes = request.prefix_hashes
-            for i in range(len(hashes) - 1, -1, -1):
-                if hashes[i] in ends:
-                    found = hashes[i]
+            last, prev = self.last_ends, self.prev_ends
+            n = len(hashes)
+            for i in range(n - 1, -1, -1):
+                h = hashes[i]
+                sid = last.get(h)
+                if sid is None and i <= n - 3:
+                    sid = prev.get(h)
+                if sid is not None:
+                    found = sid
                     break
         self._last = (request, found)
         return found
 
+    def _end(self, sid: int) -> None:
+        replica, _t, last, prev = self.sessions.pop(sid)
+        self.active[replica] -= 1
+        if self.last_ends.get(last) == sid:
+            del self.last_ends[last]
+        if prev is not None and self.prev_ends.get(prev) == sid:
+            del self.prev_ends[prev]
+
     def _expire(self, now: float) -> None:
         edge = now - self.active_s
-        order, ends, active = self._order, self.ends, self.active
+        order, sessions = self._order, self.sessions
         while order and order[0][0] < edge:
-            t, h = order.popleft()
-            got = ends.get(h)
+            t, sid = order.popleft()
+            got = sessions.get(sid)
             if got is not None and got[1] == t:
-                del ends[h]
-                active[got[0]] -= 1
+                self._end(sid)
 
     def score(self, request: RequestInfo, candidates: list[ReplicaSnapshot], ctx: PickContext) -> list[float]:
         self._expire(ctx.now)
@@ -114,16 +139,19 @@ class ActiveSessionsScorer(StageBase):
             old_share = shares.get(request.tenant, 0.0)
             hit = 1.0 if parent is not None else 0.0
             shares[request.tenant] = old_share + (hit - old_share) * self.params.share_smoothing
-        ends, active = self.ends, self.active
-        if parent is not None:
-            old = ends.pop(parent, None)
-            if old is not None:
-                active[old[0]] -= 1
-        end = hashes[-1]
-        old = ends.get(end)
-        if old is not None:
-            active[old[0]] -= 1
-        ends[end] = (replica, now)
-        active[replica] = active.get(replica, 0) + 1
-        self._order.append((now, end))
+        if parent is not None and parent in self.sessions:
+            self._end(parent)
+        last = hashes[-1]
+        prev = hashes[-2] if len(hashes) > 1 else None
+        again = self.last_ends.get(last)
+        if again is not None:  # the same prompt sent again (a retry): one session, not two
+            self._end(again)
+        self._ids += 1
+        sid = self._ids
+        self.sessions[sid] = (replica, now, last, prev)
+        self.last_ends[last] = sid
+        if prev is not None:
+            self.prev_ends[prev] = sid
+        self.active[replica] = self.active.get(replica, 0) + 1
+        self._order.append((now, sid))
         self._last = (None, None)
