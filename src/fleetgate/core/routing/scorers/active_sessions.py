@@ -21,9 +21,10 @@ the tenant's recent requests that were next turns, so single-shot traffic (RAG, 
 estimate: unscaled, the scorer balanced RAG prompts by count and lost their shared-document hits.
 
 Opt-in (``scorers: [{type: active_sessions, weight: 16}]`` on ``fleetgate``): in the simulator matrix it took
-3.5% off the agentic p95 and cost 3 of 117 bar cells elsewhere; live on llama-server it won 6 of 6 pairs,
-inside the spread of the default against itself; the weight is seconds of the simulator's overloaded cells
-(docs/benchmarks.md, "Session 18: new sessions placed by the sessions under way").
+3.5% off the agentic p95 and cost 3 of 117 bar cells elsewhere; live on llama-server it won on two workload
+seeds and lost on one, inside the spread of the default against itself; the weight is seconds of the
+simulator's overloaded cells (docs/benchmarks.md, "Session 18: new sessions placed by the sessions under
+way").
 """
 
 from __future__ import annotations
