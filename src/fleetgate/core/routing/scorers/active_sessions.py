@@ -55,7 +55,8 @@ class ActiveSessionsParams(PluginParams):
 
 
 class ActiveSessionsScorer(StageBase):
-    """Context ends per replica; see the module docstring. Time comes in through ``now`` (sans-IO)."""
+    """Sessions per replica, found by their prompts' ends; see the module docstring. Time comes in through
+    ``now`` (sans-IO)."""
 
     name = "active_sessions"
     uses_prefix_hashes = True
@@ -141,13 +142,12 @@ class ActiveSessionsScorer(StageBase):
             old_share = shares.get(request.tenant, 0.0)
             hit = 1.0 if parent is not None else 0.0
             shares[request.tenant] = old_share + (hit - old_share) * self.params.share_smoothing
-        if parent is not None and parent in self.sessions:
+        # (a prompt sent again holds its own last block, the deepest end there is: its session is the
+        # parent, so a retry stays one session)
+        if parent in self.sessions:
             self._end(parent)
         last = hashes[-1]
         prev = hashes[-2] if len(hashes) > 1 else None
-        again = self.last_ends.get(last)
-        if again is not None:  # the same prompt sent again (a retry): one session, not two
-            self._end(again)
         self._ids += 1
         sid = self._ids
         self.sessions[sid] = (replica, now, last, prev)
